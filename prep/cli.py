@@ -1,0 +1,41 @@
+"""The `prep` command group: one subcommand per stage, each defined in its stage's cli module."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from prep.example.cli import example_command
+from prep.tokenize.cli import tokenize_command
+from prep.tokenize.stage import ConservationError, ErrorRateExceeded, OutputDirConflict
+from prep.tokenize.processor import ProcessorLoadError
+from schemas.dataset_config import ConfigError
+
+USAGE_ERRORS = (ConfigError, OutputDirConflict, ProcessorLoadError)
+RUN_FAILURES = (ErrorRateExceeded, ConservationError)
+
+
+class PrepGroup(click.Group):
+    """Turns known usage errors into one-line messages instead of tracebacks."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except USAGE_ERRORS as exc:
+            raise click.UsageError(str(exc)) from exc
+        except RUN_FAILURES as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=PrepGroup)
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """packvlm offline data preparation."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+main.add_command(example_command)
+main.add_command(tokenize_command)

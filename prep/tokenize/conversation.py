@@ -1,0 +1,117 @@
+"""ShareGPT records -> chat-template messages plus the media they reference.
+
+Both spellings are accepted: ``{"role": "user", "content": ...}`` and
+``{"from": "human", "value": ...}``. ``<image>``/``<video>`` tags in user turns take the next
+entry of the record's media lists, in order; a tag count that differs from the list length is
+an error, never a silent fix. A user turn with media becomes a content list
+(``[{"type": "text", ...}, {"type": "image"}, ...]``) so the model's own chat template
+renders the placeholders; everything else stays a plain string.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prep.sources.media import MediaRef, parse_ref
+from prep.tokenize.errors import SampleError
+from schemas.dataset_config import DatasetSpec
+from schemas.reasons import Reason
+
+MEDIA_TAG = re.compile(r"<image>|<video>")
+KNOWN_ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MediaItem:
+    kind: str  # "image" | "video"
+    ref: MediaRef
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Conversation:
+    """Messages ready for ``apply_chat_template`` and media in placeholder order."""
+
+    messages: list[dict[str, Any]]
+    media: list[MediaItem]
+
+
+def _media_list(record: dict[str, Any], column: str, spec: DatasetSpec, kind: str) -> list[MediaRef]:
+    entries = record.get(column) or []
+    if isinstance(entries, str):
+        entries = [entries]
+    if not isinstance(entries, list) or not all(isinstance(e, str) and e for e in entries):
+        raise SampleError(Reason.BAD_RECORD, f"{column!r} must be a list of {kind} paths")
+    return [parse_ref(e, Path(spec.media_dir)) for e in entries]
+
+
+def _role(message: dict[str, Any], spec: DatasetSpec) -> tuple[str, Any]:
+    tags = spec.tags
+    role = message.get(tags.role_tag, message.get("role", message.get("from")))
+    content = message.get(tags.content_tag, message.get("content", message.get("value")))
+    mapping = {tags.user_tag: "user", tags.assistant_tag: "assistant", tags.system_tag: "system"}
+    resolved = (mapping.get(role) or KNOWN_ROLES.get(role)) if isinstance(role, str) else None
+    if resolved is None:
+        raise SampleError(Reason.BAD_ROLE, f"unknown role {role!r}")
+    if not isinstance(content, str):
+        raise SampleError(Reason.BAD_RECORD, f"content of a {resolved} turn must be a string")
+    return resolved, content
+
+
+def _split_media(text: str, images: list[MediaRef], videos: list[MediaRef], media: list[MediaItem]) -> list[dict]:
+    """Content list for one user turn; consumes media refs in tag order."""
+    items: list[dict[str, Any]] = []
+    pos = 0
+    for match in MEDIA_TAG.finditer(text):
+        if match.start() > pos:
+            items.append({"type": "text", "text": text[pos : match.start()]})
+        kind = "image" if match.group() == "<image>" else "video"
+        pool = images if kind == "image" else videos
+        used = sum(1 for m in media if m.kind == kind)
+        if used >= len(pool):
+            raise SampleError(Reason.MEDIA_TAG_MISMATCH, f"more <{kind}> tags than {kind}s ({len(pool)})")
+        media.append(MediaItem(kind=kind, ref=pool[used]))
+        items.append({"type": kind})
+        pos = match.end()
+    if pos < len(text):
+        items.append({"type": "text", "text": text[pos:]})
+    return items
+
+
+def to_conversation(record: Any, spec: DatasetSpec) -> Conversation:
+    """Validate a ShareGPT record and turn it into chat-template messages."""
+    if not isinstance(record, dict):
+        raise SampleError(Reason.BAD_RECORD, f"record must be a JSON object, got {type(record).__name__}")
+    turns = record.get(spec.columns.messages)
+    if not isinstance(turns, list) or not turns:
+        raise SampleError(Reason.EMPTY_CONVERSATION, f"no turns in column {spec.columns.messages!r}")
+    images = _media_list(record, spec.columns.images, spec, "image")
+    videos = _media_list(record, spec.columns.videos, spec, "video")
+    messages: list[dict[str, Any]] = []
+    system = record.get(spec.columns.system)
+    if isinstance(system, str) and system:
+        messages.append({"role": "system", "content": system})
+    media: list[MediaItem] = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            raise SampleError(Reason.BAD_RECORD, "every turn must be a JSON object")
+        role, text = _role(turn, spec)
+        if role != "user" and MEDIA_TAG.search(text):
+            raise SampleError(Reason.MEDIA_TAG_MISMATCH, f"media tag in a {role} turn; tags belong in user turns")
+        if role == "user" and MEDIA_TAG.search(text):
+            messages.append({"role": role, "content": _split_media(text, images, videos, media)})
+        else:
+            messages.append({"role": role, "content": text})
+    _check_all_used(media, images, videos)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise SampleError(Reason.EMPTY_CONVERSATION, "no assistant turn: nothing to learn from")
+    return Conversation(messages=messages, media=media)
+
+
+def _check_all_used(media: list[MediaItem], images: list[MediaRef], videos: list[MediaRef]) -> None:
+    for kind, pool in (("image", images), ("video", videos)):
+        used = sum(1 for m in media if m.kind == kind)
+        if used != len(pool):
+            raise SampleError(Reason.MEDIA_TAG_MISMATCH, f"{used} <{kind}> tags but {len(pool)} {kind}s listed")

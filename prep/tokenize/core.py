@@ -1,0 +1,135 @@
+"""Pure per-sample logic of `prep tokenize`: a ShareGPT record -> exact token ids + mask.
+
+No Ray, no click, no files written: a :class:`SampleTokenizer` is built once per worker
+(processor, counter, LMDB handles) and maps one parsed record to a :class:`TokenizedSample`
+or raises :class:`SampleError`. Exactness: the template text is tokenized once, then each
+media placeholder token is replaced by the ids the processor would put there, which the
+family counter computes in closed form from header-only sizes. Families without a counter
+run the real processor on decoded media: slow, still exact, never an estimate.
+
+Example (Qwen2-VL, one 448x448 image): rendered text ``...<|vision_start|><|image_pad|>
+<|vision_end|>Describe<|im_end|>...`` -> one ``<|image_pad|>`` id replaced by 256 of them
+(448/28 * 448/28), ``media[0].grid_thw = (1, 32, 32)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from prep.sources.media import LmdbPool, MediaError, image_size, video_meta
+from prep.tokenize.conversation import Conversation
+from prep.tokenize.errors import SampleError
+from prep.tokenize.families.base import MediaCount, MediaCounter, MediaRejected, find_counter
+from prep.tokenize.processor import ProcessorBundle
+from prep.tokenize.template import render_with_spans, tokenize_rendered
+from schemas.dataset_config import VideoSampling
+from schemas.reasons import Reason
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenizedSample:
+    input_ids: list[int]
+    loss_mask: np.ndarray
+    media: list[tuple[str, MediaCount]]  # (reference uri, count) in placeholder order
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_media_tokens(self) -> int:
+        return sum(count.num_tokens for _, count in self.media)
+
+
+class SampleTokenizer:
+    """Per-worker state, opened once: processor pieces, family counter, LMDB environments."""
+
+    def __init__(self, bundle: ProcessorBundle, *, max_length: int | None = None) -> None:
+        self.bundle = bundle
+        self.max_length = max_length
+        factory = find_counter(bundle.processor_class)
+        self.counter: MediaCounter | None = factory(bundle) if factory else None
+        self.lmdb = LmdbPool()
+
+    def tokenize(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
+        if self.counter is None:
+            from prep.tokenize.processor_path import tokenize_with_processor
+
+            sample = tokenize_with_processor(self.bundle, conv, sampling, self.lmdb)
+        else:
+            sample = self._tokenize_closed_form(conv, sampling)
+        if self.max_length is not None and sample.num_tokens > self.max_length:
+            raise SampleError(Reason.TOO_LONG, f"{sample.num_tokens} tokens > --max-length {self.max_length}")
+        return sample
+
+    def _tokenize_closed_form(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
+        counter = self.counter
+        assert counter is not None
+        counts = [(item.ref.uri, self._count(item.kind, item.ref, sampling)) for item in conv.media]
+        rendered = render_with_spans(self.bundle.tokenizer, self.bundle.chat_template, conv.messages)
+        text = tokenize_rendered(self.bundle.tokenizer, rendered)
+        ids, mask = splice_media(text.input_ids, text.loss_mask, counts, counter.image_token_id, counter.video_token_id)
+        return TokenizedSample(input_ids=ids, loss_mask=mask, media=counts)
+
+    def _count(self, kind: str, ref: Any, sampling: VideoSampling) -> MediaCount:
+        assert self.counter is not None
+        try:
+            if kind == "image":
+                width, height = image_size(ref, self.lmdb)
+                count = self.counter.count_image(width, height)
+            else:
+                meta = video_meta(ref)
+                width, height = meta.width, meta.height
+                count = self.counter.count_video(meta, sampling)
+            return replace(count, width=width, height=height)
+        except MediaError as exc:
+            raise SampleError(exc.reason, str(exc)) from exc
+        except MediaRejected as exc:
+            raise SampleError(Reason.PROCESSOR_REJECTED, f"{ref.uri}: {exc}") from exc
+
+
+def splice_media(
+    ids: list[int],
+    mask: np.ndarray,
+    counts: list[tuple[str, MediaCount]],
+    image_token_id: int,
+    video_token_id: int,
+) -> tuple[list[int], np.ndarray]:
+    """Replace the k-th image/video placeholder token by the k-th item's expansion ids.
+
+    The placeholder count must match the media count exactly (user text that spells a
+    placeholder token would otherwise shift every item, as it breaks the real processor).
+    """
+    queues = {
+        image_token_id: [c for _, c in counts if c.kind == "image"],
+        video_token_id: [c for _, c in counts if c.kind == "video"],
+    }
+    positions = [i for i, t in enumerate(ids) if t in queues]
+    found = {t: sum(1 for i in positions if ids[i] == t) for t in queues}
+    for token, items in queues.items():
+        if found[token] != len(items):
+            kind = "image" if token == image_token_id else "video"
+            raise SampleError(
+                Reason.MEDIA_TAG_MISMATCH,
+                f"rendered text has {found[token]} {kind} placeholder tokens for {len(items)} {kind}s "
+                "(does the text spell a placeholder token?)",
+            )
+    out_ids: list[int] = []
+    pieces: list[np.ndarray] = []
+    taken = {t: 0 for t in queues}
+    prev = 0
+    for pos in positions:
+        token = ids[pos]
+        expansion = queues[token][taken[token]].expansion
+        taken[token] += 1
+        out_ids.extend(ids[prev:pos])
+        out_ids.extend(expansion)
+        pieces.append(mask[prev:pos])
+        pieces.append(np.zeros(len(expansion), dtype=np.uint8))
+        prev = pos + 1
+    out_ids.extend(ids[prev:])
+    pieces.append(mask[prev:])
+    return out_ids, np.concatenate(pieces) if pieces else mask

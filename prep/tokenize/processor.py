@@ -1,0 +1,146 @@
+"""Load what counting needs from a HF processor: tokenizer, chat template, media settings.
+
+``AutoProcessor`` is tried first. In transformers 5.x the Qwen-VL processors refuse to load
+without a video processor, and every HF video processor needs torchvision, which CPU-only
+torch installs often lack. Counting needs no video processor, so on that failure the pieces
+are loaded directly (tokenizer, PIL image processor, chat template, video config as JSON)
+and the fallback is logged once. The processor identity (class + hash of every setting that
+shapes token ids) goes into the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import transformers
+from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, ProcessorMixin
+from transformers.utils import IMAGE_PROCESSOR_NAME, VIDEO_PROCESSOR_NAME, cached_file
+
+log = logging.getLogger(__name__)
+
+
+class ProcessorLoadError(RuntimeError):
+    """The processor path cannot give a tokenizer + chat template; says what to fix."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProcessorBundle:
+    """Everything a worker needs to count and (optionally) verify against the real processor."""
+
+    source: str
+    processor_class: str
+    tokenizer: Any
+    image_processor: Any
+    video_config: dict[str, Any]
+    chat_template: str
+    processor: ProcessorMixin | None  # the real processor, if it could be built here
+    loaded_via: str  # "AutoProcessor" or "pieces"
+
+    def token_id(self, default_token: str, attribute: str) -> int:
+        """Id of a special token, preferring the tokenizer's own attribute (e.g. image_token)."""
+        token = getattr(self.tokenizer, attribute, None) or default_token
+        token_id = self.tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == self.tokenizer.unk_token_id:
+            raise ProcessorLoadError(f"{self.source}: tokenizer has no {token!r} token")
+        return int(token_id)
+
+    def identity(self) -> dict[str, str]:
+        """Class and a hash over the tokenizer, chat template and media settings."""
+        digest = hashlib.sha256()
+        digest.update(self.tokenizer.backend_tokenizer.to_str().encode("utf-8"))
+        digest.update(self.chat_template.encode("utf-8"))
+        digest.update(self.image_processor.to_json_string().encode("utf-8"))
+        digest.update(json.dumps(self.video_config, sort_keys=True, default=str).encode("utf-8"))
+        return {"class": self.processor_class, "sha256": digest.hexdigest(), "source": self.source}
+
+
+def load_processor(path: str) -> ProcessorBundle:
+    """Load a processor by local path or hub id; fall back to pieces when torchvision is missing."""
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except (ImportError, ValueError, TypeError, AttributeError) as exc:
+        if "torchvision" not in str(exc).lower() and "video" not in str(exc).lower():
+            raise ProcessorLoadError(f"cannot load processor {path!r}: {exc}") from exc
+        log.warning(
+            "AutoProcessor(%s) failed without torchvision (%s); loading tokenizer, chat template "
+            "and PIL image processor directly. Counting is unaffected; video verification is off.",
+            path,
+            next((ln for ln in str(exc).splitlines() if ln.strip()), "")[:200],
+        )
+        return _load_pieces(path)
+    if not isinstance(processor, ProcessorMixin):
+        raise ProcessorLoadError(f"{path!r} loads a {type(processor).__name__}, not a multimodal processor")
+    video = getattr(processor, "video_processor", None)
+    return ProcessorBundle(
+        source=str(path),
+        processor_class=type(processor).__name__,
+        tokenizer=processor.tokenizer,
+        image_processor=processor.image_processor,
+        video_config=video.to_dict() if video is not None else {},
+        chat_template=_require_template(path, processor.chat_template or processor.tokenizer.chat_template),
+        processor=processor,
+        loaded_via="AutoProcessor",
+    )
+
+
+def _load_pieces(path: str) -> ProcessorBundle:
+    processor_dict, _ = ProcessorMixin.get_processor_dict(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
+    image_config = _read_json(path, IMAGE_PROCESSOR_NAME)
+    video_config = _read_json(path, VIDEO_PROCESSOR_NAME) or image_config
+    processor_class = (
+        processor_dict.get("processor_class") or image_config.get("processor_class") or ""
+    )
+    template = _require_template(path, processor_dict.get("chat_template") or tokenizer.chat_template)
+    return ProcessorBundle(
+        source=str(path),
+        processor_class=processor_class,
+        tokenizer=tokenizer,
+        image_processor=image_processor,
+        video_config=video_config,
+        chat_template=template,
+        processor=_image_only_processor(processor_class, image_processor, tokenizer, template),
+        loaded_via="pieces",
+    )
+
+
+def _image_only_processor(cls_name: str, image_processor: Any, tokenizer: Any, template: str) -> Any:
+    """The real processor class without its video processor: exact for image/text samples."""
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:
+        return None
+
+    class ImageOnly(cls):  # type: ignore[misc, valid-type]
+        """Skips only the class check of the absent video processor (it needs torchvision)."""
+
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            if argument is None and argument_name == "video_processor":
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    try:
+        return ImageOnly(image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=template)
+    except (TypeError, ValueError, ImportError) as exc:
+        log.warning("cannot build %s without a video processor (%s); verification is off", cls_name, exc)
+        return None
+
+
+def _read_json(path: str, filename: str) -> dict[str, Any]:
+    resolved = cached_file(path, filename, _raise_exceptions_for_missing_entries=False)
+    if resolved is None:
+        return {}
+    with open(resolved, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _require_template(path: str, template: Any) -> str:
+    if isinstance(template, dict):  # named templates: the default one renders conversations
+        template = template.get("default")
+    if not isinstance(template, str) or not template:
+        raise ProcessorLoadError(f"{path!r} has no chat template; add chat_template.jinja to it")
+    return template

@@ -1,0 +1,111 @@
+"""Running the real HF processor on decoded media: the source of truth.
+
+Used two ways: as the exact (slow) path for families without a closed-form counter, and by
+``--verify-fraction`` to check closed-form samples token for token. Images are decoded the
+way transformers' ``load_image`` does from a path (EXIF transpose, RGB), LMDB bytes included.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from transformers.image_utils import load_image
+
+from prep.sources.media import LmdbPool, MediaError, read_bytes
+from prep.tokenize.conversation import Conversation
+from prep.tokenize.core import TokenizedSample
+from prep.tokenize.errors import SampleError
+from prep.tokenize.families.base import MediaCount
+from prep.tokenize.processor import ProcessorBundle
+from prep.tokenize.template import render_with_spans
+from schemas.dataset_config import VideoSampling
+from schemas.reasons import Reason
+
+
+class ReferenceUnavailable(RuntimeError):
+    """The real processor cannot run this sample here (e.g. video without torchvision)."""
+
+
+def _media_inputs(bundle: ProcessorBundle, conv: Conversation, lmdb: LmdbPool) -> tuple[list, list]:
+    images, videos = [], []
+    for item in conv.media:
+        if item.kind == "video":
+            if bundle.processor is None or getattr(bundle.processor, "video_processor", None) is None:
+                raise ReferenceUnavailable("no video processor loaded (torchvision missing)")
+            videos.append(item.ref.path)
+            continue
+        try:
+            data = read_bytes(item.ref, lmdb)
+            images.append(load_image(Image.open(io.BytesIO(data))))
+        except MediaError as exc:
+            raise SampleError(exc.reason, str(exc)) from exc
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise SampleError(Reason.CORRUPT_IMAGE, f"{item.ref.uri}: {exc}") from exc
+    return images, videos
+
+
+def run_processor(
+    bundle: ProcessorBundle, conv: Conversation, sampling: VideoSampling, lmdb: LmdbPool, **extra: Any
+) -> tuple[str, Any]:
+    """Render with the chat template and call the processor on text + decoded media."""
+    if bundle.processor is None:
+        raise ReferenceUnavailable(f"processor {bundle.processor_class!r} could not be built here")
+    rendered = render_with_spans(bundle.tokenizer, bundle.chat_template, conv.messages)
+    images, videos = _media_inputs(bundle, conv, lmdb)
+    kwargs: dict[str, Any] = dict(extra)
+    if videos:
+        from prep.tokenize.families.base import find_counter
+
+        factory = find_counter(bundle.processor_class)
+        if factory is not None:
+            kwargs.update(factory(bundle).processor_video_kwargs(sampling))
+        elif sampling.fps is not None:
+            kwargs.update(fps=sampling.fps, do_sample_frames=True)
+    bos = bundle.tokenizer.bos_token
+    if bos is not None and rendered.text.startswith(bos):
+        kwargs["add_special_tokens"] = False
+    try:
+        out = bundle.processor(text=[rendered.text], images=images or None, videos=videos or None, **kwargs)
+    except ValueError as exc:
+        raise SampleError(Reason.PROCESSOR_REJECTED, f"processor rejected the sample: {exc}") from exc
+    return rendered, out
+
+
+def reference_input_ids(
+    bundle: ProcessorBundle, conv: Conversation, sampling: VideoSampling, lmdb: LmdbPool
+) -> list[int]:
+    """The processor's own input_ids for this conversation."""
+    _, out = run_processor(bundle, conv, sampling, lmdb)
+    return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
+
+
+def tokenize_with_processor(
+    bundle: ProcessorBundle, conv: Conversation, sampling: VideoSampling, lmdb: LmdbPool
+) -> TokenizedSample:
+    """Exact path for families without a counter: the processor's ids, our template-derived mask."""
+    rendered, out = run_processor(
+        bundle, conv, sampling, lmdb, return_offsets_mapping=True, return_text_replacement_offsets=True
+    )
+    out = bundle.processor._adjust_assistant_masks_indices(out, [rendered.assistant_spans])
+    ids = [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
+    mask = np.asarray(out["assistant_masks"][0], dtype=np.uint8)
+    media = _media_counts(bundle, conv, out, ids)
+    return TokenizedSample(input_ids=ids, loss_mask=mask, media=media)
+
+
+def _media_counts(bundle: ProcessorBundle, conv: Conversation, out: Any, ids: list[int]) -> list[tuple[str, MediaCount]]:
+    grids = {k: np.asarray(out[f"{k}_grid_thw"]).tolist() if f"{k}_grid_thw" in out else [] for k in ("image", "video")}
+    merge = getattr(bundle.image_processor, "merge_size", 1) or 1
+    used = {"image": 0, "video": 0}
+    counts = []
+    for item in conv.media:
+        k = used[item.kind]
+        used[item.kind] += 1
+        t, h, w = grids[item.kind][k] if k < len(grids[item.kind]) else (1, 0, 0)
+        counts.append(
+            (item.ref.uri, MediaCount(kind=item.kind, grid_t=t, grid_h=h, grid_w=w, num_tokens=t * h * w // merge**2, expansion=()))
+        )
+    return counts

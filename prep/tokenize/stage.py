@@ -1,0 +1,198 @@
+"""`prep tokenize` stage: dataset config -> tokenized parts + errors + manifest.
+
+Inputs: a dataset config (:mod:`schemas.dataset_config`) and a processor. Outputs, in
+``OUT``: ``samples/part-NNNNNN.arrow`` and ``errors/part-NNNNNN.arrow`` (one pair per input
+chunk, :mod:`schemas.tokenized`) and ``manifest.json`` (:mod:`schemas.manifest`).
+
+Invariants: every used (record, copy) is exactly one samples row or one errors row (checked
+at the end); parts are written to temp names and renamed, so a killed run re-run with the
+same arguments redoes only missing chunks and ends byte-identical to an uninterrupted one;
+the manifest is computed from the parts on disk, never from in-memory tallies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from prep.sources.records import Chunk, plan_chunks
+from schemas.dataset_config import DatasetSpec, load_dataset_config, spec_to_json
+from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, TMP_PREFIX, part_name
+from schemas.manifest import build_manifest, write_json_atomic
+
+log = logging.getLogger(__name__)
+STAGE = "tokenize"
+RUN_FILE = "_run.json"
+
+
+class ConservationError(RuntimeError):
+    """Rows were lost or duplicated between input and output: a bug, never ignored."""
+
+
+class ErrorRateExceeded(RuntimeError):
+    """More per-sample errors than --max-error-rate allows (outputs are still written)."""
+
+
+class OutputDirConflict(RuntimeError):
+    """The output directory holds a different run."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenizeConfig:
+    """Every option of `prep tokenize`. Fields above ``executor`` shape the output."""
+
+    dataset_config: str
+    processor: str
+    output_dir: str
+    datasets: tuple[str, ...] = ()
+    max_length: int | None = None
+    verify_fraction: float = 0.0
+    seed: int = 0
+    rows_per_chunk: int = 512
+    max_error_rate: float = 1.0
+    executor: str = "ray"
+    ray_address: str | None = None
+    num_workers: int | None = None
+
+    def output_fields(self) -> dict[str, Any]:
+        """The options the output depends on (written to the manifest and the resume check)."""
+        keep = ("dataset_config", "processor", "datasets", "max_length", "verify_fraction", "seed", "rows_per_chunk")
+        out = {k: v for k, v in asdict(self).items() if k in keep}
+        out["dataset_config"] = str(Path(self.dataset_config).resolve())
+        out["datasets"] = list(self.datasets)
+        return out
+
+
+class TokenizeWorker:
+    """Built once per process/actor from JSON-safe kwargs; tokenizes whole chunks into parts."""
+
+    def __init__(self, config_json: str, specs_json: str) -> None:
+        from prep.tokenize.core import SampleTokenizer
+        from prep.tokenize.processor import load_processor
+
+        config = json.loads(config_json)
+        self.out = Path(config["output_dir"])
+        self.specs = {s["name"]: _spec_from_json(s) for s in json.loads(specs_json)}
+        self.tokenizer = SampleTokenizer(load_processor(config["processor"]), max_length=config["max_length"])
+        self.verify_fraction = float(config["verify_fraction"])
+        self.seed = int(config["seed"])
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        from prep.tokenize.chunk import VerifyPolicy, process_chunk
+
+        stats: dict[str, list] = {"index": [], "samples": [], "errors": []}
+        for task in batch["task"]:
+            chunk = Chunk(**{**json.loads(task), "copies": tuple(json.loads(task)["copies"])})
+            policy = VerifyPolicy(fraction=self.verify_fraction, seed=self.seed)
+            result = process_chunk(chunk, self.specs[chunk.dataset], self.tokenizer, policy)
+            meta = {"verified": str(result.verified), "verify_skipped": str(result.verify_skipped)}
+            _write_part(self.out / ERRORS_DIR, chunk.index, result.errors, {})
+            _write_part(self.out / SAMPLES_DIR, chunk.index, result.samples, meta)
+            stats["index"].append(chunk.index)
+            stats["samples"].append(result.samples.num_rows)
+            stats["errors"].append(result.errors.num_rows)
+        return stats
+
+
+def _spec_from_json(raw: dict[str, Any]) -> DatasetSpec:
+    from schemas.dataset_config import Columns, Tags, VideoSampling
+
+    return DatasetSpec(
+        **{
+            **raw,
+            "file_name": Path(raw["file_name"]),
+            "media_dir": Path(raw["media_dir"]),
+            "columns": Columns(**raw["columns"]),
+            "tags": Tags(**raw["tags"]),
+            "video": VideoSampling(**raw["video"]),
+        }
+    )
+
+
+def _write_part(folder: Path, index: int, table: pa.Table, metadata: dict[str, str]) -> None:
+    """Arrow IPC file via temp + rename: a part either exists whole or not at all."""
+    final = folder / part_name(index)
+    tmp = folder / f"{TMP_PREFIX}{final.name}.{os.getpid()}"
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in metadata.items()}})
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(tmp, final)
+
+
+def _prepare_output(config: TokenizeConfig) -> Path:
+    out = Path(config.output_dir)
+    run_file = out / RUN_FILE
+    fingerprint = config.output_fields()
+    if out.exists() and any(out.iterdir()):
+        if not run_file.exists():
+            raise OutputDirConflict(f"{out} is not empty and holds no packvlm tokenize run; choose an empty directory")
+        previous = json.loads(run_file.read_text(encoding="utf-8"))
+        if previous != fingerprint:
+            raise OutputDirConflict(
+                f"{out} holds a run with other options ({previous}); use a new --output or the same options to resume"
+            )
+    for sub in (SAMPLES_DIR, ERRORS_DIR):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_file, fingerprint)
+    return out
+
+
+def _done(out: Path, chunk: Chunk) -> bool:
+    return (out / SAMPLES_DIR / part_name(chunk.index)).exists() and (out / ERRORS_DIR / part_name(chunk.index)).exists()
+
+
+def _chunk_json(chunk: Chunk) -> str:
+    return json.dumps(asdict(chunk), sort_keys=True)
+
+
+def run_tokenize(config: TokenizeConfig) -> dict[str, Any]:
+    """Plan, execute (resuming), check conservation, write the manifest; returns it."""
+    from prep.run import run_local, run_ray
+    from prep.tokenize.summary import summarize_output
+
+    specs = load_dataset_config(config.dataset_config, list(config.datasets) or None)
+    chunks = plan_chunks(specs, rows_per_chunk=config.rows_per_chunk, seed=config.seed)
+    out = _prepare_output(config)
+    pending = [c for c in chunks if not _done(out, c)]
+    log.info("tokenize: %d chunks, %d already done, %d to run (%s executor)", len(chunks), len(chunks) - len(pending), len(pending), config.executor)
+    worker_kwargs = {
+        "config_json": json.dumps({**asdict(config), "output_dir": str(out)}),
+        "specs_json": json.dumps([spec_to_json(s) for s in specs]),
+    }
+    tasks = [_chunk_json(c) for c in pending]
+    if tasks and config.executor == "local":
+        run_local(TokenizeWorker, worker_kwargs, tasks, desc="tokenize")
+    elif tasks:
+        run_ray(TokenizeWorker, worker_kwargs, tasks, address=config.ray_address, num_workers=config.num_workers)
+    expected = sum(sum(c.copies) for c in chunks)
+    summary = summarize_output(out, [c.index for c in chunks])
+    if summary["rows"]["samples"] + summary["rows"]["errors"] != expected:
+        raise ConservationError(
+            f"{expected} input rows but {summary['rows']['samples']} samples + {summary['rows']['errors']} errors"
+        )
+    manifest = build_manifest(
+        STAGE,
+        config.output_fields(),
+        datasets=[spec_to_json(s) for s in specs],
+        processor=_processor_identity(config.processor),
+        inputs={"records": sum(len(c.copies) for c in chunks), "rows_used": expected, "chunks": len(chunks)},
+        **summary,
+    )
+    write_json_atomic(out / MANIFEST_FILE, manifest)
+    rate = summary["rows"]["errors"] / expected if expected else 0.0
+    if rate > config.max_error_rate:
+        raise ErrorRateExceeded(f"error rate {rate:.2%} > --max-error-rate {config.max_error_rate:.2%}; see {out / ERRORS_DIR}")
+    return manifest
+
+
+def _processor_identity(path: str) -> dict[str, str]:
+    from prep.tokenize.processor import load_processor
+
+    return load_processor(path).identity()
+

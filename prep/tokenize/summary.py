@@ -1,0 +1,65 @@
+"""Numbers users care about, computed from the parts on disk (so resumed runs agree)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from schemas.layout import ERRORS_DIR, SAMPLES_DIR, part_name
+from schemas.tokenized import open_part
+
+
+def summarize_output(out: Path, chunk_indices: list[int]) -> dict[str, Any]:
+    """Row counts, token totals, errors by reason and verification tallies over all parts."""
+    per_dataset: dict[str, Counter] = {}
+    reasons: Counter = Counter()
+    totals: Counter = Counter()
+    verified = skipped = 0
+    longest = 0
+    for index in chunk_indices:
+        samples = open_part(out / SAMPLES_DIR / part_name(index))
+        errors = open_part(out / ERRORS_DIR / part_name(index))
+        meta = samples.schema.metadata or {}
+        verified += int(meta.get(b"verified", b"0"))
+        skipped += int(meta.get(b"verify_skipped", b"0"))
+        for column in ("num_tokens", "num_text_tokens", "num_media_tokens"):
+            totals[column] += int(pc.sum(samples.column(column)).as_py() or 0)
+        if samples.num_rows:
+            longest = max(longest, int(pc.max(samples.column("num_tokens")).as_py()))
+        for table, key in ((samples, "samples"), (errors, "errors")):
+            for dataset, count in Counter(table.column("dataset").to_pylist()).items():
+                per_dataset.setdefault(dataset, Counter())[key] += count
+        reasons.update(errors.column("reason").to_pylist())
+    num_samples = sum(c["samples"] for c in per_dataset.values())
+    num_errors = sum(c["errors"] for c in per_dataset.values())
+    return {
+        "rows": {"samples": num_samples, "errors": num_errors},
+        "per_dataset": {k: dict(sorted(v.items())) for k, v in sorted(per_dataset.items())},
+        "errors_by_reason": dict(sorted(reasons.items())),
+        "tokens": {
+            "total": totals["num_tokens"],
+            "text": totals["num_text_tokens"],
+            "media": totals["num_media_tokens"],
+            "max_sample": longest,
+            "mean_sample": round(totals["num_tokens"] / num_samples, 2) if num_samples else 0.0,
+        },
+        "verify": {"checked": verified, "skipped_no_reference": skipped},
+    }
+
+
+def format_summary(manifest: dict[str, Any]) -> str:
+    """Human-readable end-of-run report."""
+    rows, tokens, verify = manifest["rows"], manifest["tokens"], manifest["verify"]
+    lines = [
+        f"samples: {rows['samples']:,}   errors: {rows['errors']:,}   (input rows used: {manifest['inputs']['rows_used']:,})",
+        f"tokens: {tokens['total']:,} total = {tokens['text']:,} text + {tokens['media']:,} media;"
+        f" longest sample {tokens['max_sample']:,}, mean {tokens['mean_sample']:,}",
+        f"verified against the processor: {verify['checked']:,} samples"
+        + (f" ({verify['skipped_no_reference']:,} skipped: no reference processor here)" if verify["skipped_no_reference"] else ""),
+    ]
+    for reason, count in manifest["errors_by_reason"].items():
+        lines.append(f"  error {reason}: {count:,}")
+    return "\n".join(lines)
