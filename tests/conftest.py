@@ -1,0 +1,38 @@
+"""Shared fixtures: offline Qwen processors, the generated example dataset, one Ray session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+FAMILIES = ("qwen2_vl", "qwen3_vl")
+
+
+@pytest.fixture(scope="session")
+def processor_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from prep.example.processors import build_processor_dir
+
+    root = tmp_path_factory.mktemp("processors")
+    return {f: build_processor_dir(root / f, f) for f in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def bundles(processor_dirs: dict[str, Path]) -> dict:
+    from prep.tokenize.processor import load_processor
+
+    return {f: load_processor(str(p)) for f, p in processor_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole session: 2 CPUs, no dashboard."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
