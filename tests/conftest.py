@@ -36,3 +36,12 @@ def ray_session():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The generated example dataset (same generator as `prep example`)."""
+    from prep.example.dataset import write_example_dataset
+
+    root = tmp_path_factory.mktemp("example")
+    return write_example_dataset(root, num_samples=48, seed=0).parent

@@ -1,0 +1,120 @@
+"""prep tokenize's closed-form path vs the full HF processor on decoded images.
+
+Both paths see the same generated image-heavy samples in the same run:
+  ours       header-only image sizes + one template render + one tokenizer call + splice
+  reference  decode every image (transformers.load_image) + processor(text, images), which is
+             what pipelines that "count by processing" do
+It prints samples/s of each, the ratio, and mismatches (ours vs reference input_ids; must be 0),
+then the whole stage under --executor local vs Ray on this machine.
+
+    python benchmarks/bench_tokenize.py --num-samples 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+SIZES = [(640, 480), (1024, 768), (1280, 720), (1920, 1080), (800, 1200), (2048, 1536)]
+
+
+def make_dataset(root: Path, num_samples: int, seed: int) -> Path:
+    """Image-heavy ShareGPT JSONL: 1-3 smooth JPEG photos per sample, multi-turn text."""
+    from prep.example.processors import build_processor_dir
+
+    rng = np.random.default_rng(seed)
+    media = root / "media"
+    media.mkdir(parents=True)
+    paths = []
+    for i, (w, h) in enumerate(SIZES * 4):
+        yy, xx = np.mgrid[0:h, 0:w]
+        img = np.stack([(xx * (i + 1)) % 256, (yy * 3) % 256, (xx + yy + 40 * i) % 256], -1).astype(np.uint8)
+        img = np.clip(img + rng.integers(0, 12, img.shape), 0, 255).astype(np.uint8)
+        path = media / f"img{i}.jpg"
+        Image.fromarray(img).save(path, quality=90)
+        paths.append(path.name)
+    with open(root / "bench.jsonl", "w", encoding="utf-8") as fh:
+        for i in range(num_samples):
+            k = int(rng.integers(1, 4))
+            imgs = [paths[int(j)] for j in rng.integers(0, len(paths), k)]
+            turns = [
+                {"role": "user", "content": "<image>" * k + f"Describe picture set {i} in detail."},
+                {"role": "assistant", "content": "It shows " + " ".join(["colourful gradients"] * int(rng.integers(5, 40)))},
+                {"role": "user", "content": "And the mood?"},
+                {"role": "assistant", "content": "Calm."},
+            ]
+            fh.write(json.dumps({"messages": turns, "images": imgs}) + "\n")
+    config = {"bench": {"file_name": "bench.jsonl", "media_dir": "media"}}
+    (root / "dataset_info.json").write_text(json.dumps(config))
+    build_processor_dir(root / "processor", "qwen2_vl")
+    return root / "dataset_info.json"
+
+
+def compare_paths(config_path: Path, processor_dir: Path) -> None:
+    from prep.sources.records import plan_chunks, read_chunk
+    from prep.tokenize.chunk import parse_record
+    from prep.tokenize.conversation import to_conversation
+    from prep.tokenize.core import SampleTokenizer
+    from prep.tokenize.processor import load_processor
+    from prep.tokenize.processor_path import reference_input_ids
+    from schemas.dataset_config import load_dataset_config
+
+    spec = load_dataset_config(config_path)[0]
+    bundle = load_processor(str(processor_dir))
+    tok = SampleTokenizer(bundle)
+    convs = [to_conversation(parse_record(r), spec) for c in plan_chunks([spec], rows_per_chunk=10**9, seed=0) for r in read_chunk(c)]
+    tok.tokenize(convs[0], spec.video)  # warm caches (template compile)
+    t0 = time.perf_counter()
+    ours = [tok.tokenize(c, spec.video).input_ids for c in convs]
+    t_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ref = [reference_input_ids(bundle, c, spec.video, tok.lmdb) for c in convs]
+    t_ref = time.perf_counter() - t0
+    mismatches = sum(a != b for a, b in zip(ours, ref))
+    n = len(convs)
+    print(f"samples: {n}, images: {sum(len(c.media) for c in convs)}, tokens: {sum(map(len, ours)):,}")
+    print(f"ours (closed form):          {n / t_ours:10.1f} samples/s")
+    print(f"reference (decode+process):  {n / t_ref:10.1f} samples/s")
+    print(f"speed-up: {t_ref / t_ours:.1f}x   mismatches: {mismatches}")
+
+
+def compare_executors(config_path: Path, processor_dir: Path, root: Path) -> None:
+    from prep.tokenize.stage import TokenizeConfig, run_tokenize
+
+    for executor in ("local", "ray"):
+        cfg = TokenizeConfig(
+            dataset_config=str(config_path), processor=str(processor_dir), output_dir=str(root / f"out-{executor}"),
+            executor=executor, rows_per_chunk=25,
+        )
+        t0 = time.perf_counter()
+        manifest = run_tokenize(cfg)
+        dt = time.perf_counter() - t0
+        print(f"stage --executor {executor:5s}: {manifest['rows']['samples'] / dt:8.1f} samples/s ({dt:.1f} s incl. startup)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-samples", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-executors", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        config = make_dataset(root, args.num_samples, args.seed)
+        compare_paths(config, root / "processor")
+        if not args.skip_executors:
+            compare_executors(config, root / "processor", root)
+
+
+if __name__ == "__main__":
+    main()
