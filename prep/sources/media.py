@@ -114,7 +114,9 @@ def _header_size(fh: io.BufferedIOBase, uri: str) -> tuple[int, int]:
             width, height = img.size
             fmt = img.format
             orientation = img.getexif().get(EXIF_ORIENTATION_TAG, 1)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except UnidentifiedImageError as exc:  # its message embeds a memory address: keep output deterministic
+        raise MediaError("corrupt_image", f"{uri}: not a recognised image format") from exc
+    except (OSError, SyntaxError, ValueError) as exc:
         raise MediaError("corrupt_image", f"{uri}: not a readable image ({exc})") from exc
     _check_trailer(fh, fmt, uri)
     if width < 1 or height < 1:
