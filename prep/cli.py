@@ -39,3 +39,7 @@ def main(verbose: bool) -> None:
 
 main.add_command(example_command)
 main.add_command(tokenize_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -173,3 +173,16 @@ def test_ray_executor_matches_local(local_run, example_dir, tmp_path, ray_sessio
     ray_out = tmp_path / "ray"
     run_tokenize(_config(example_dir, ray_out, executor="ray", num_workers=1))
     assert _tree_bytes(ray_out) == _tree_bytes(out)
+
+
+def test_qwen3_vl_image_samples_verify_against_its_processor(tmp_path):
+    """Qwen3-VL: factor 32, no default system prompt; every image sample checked by the processor."""
+    from prep.example.dataset import write_example_dataset
+
+    config = write_example_dataset(tmp_path / "ex3", num_samples=16, seed=1, family="qwen3_vl")
+    manifest = run_tokenize(_config(config.parent, tmp_path / "out3"))
+    assert manifest["processor"]["class"] == "Qwen3VLProcessor"
+    assert manifest["verify"]["checked"] >= 8
+    rows = _table(tmp_path / "out3", SAMPLES_DIR).to_pylist()
+    videos = [m for r in rows for m in r["media"] if m["kind"] == "video"]
+    assert videos and all(m["num_tokens"] > 0 for m in videos)
