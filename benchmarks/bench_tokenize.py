@@ -47,7 +47,10 @@ def make_dataset(root: Path, num_samples: int, seed: int) -> Path:
             imgs = [paths[int(j)] for j in rng.integers(0, len(paths), k)]
             turns = [
                 {"role": "user", "content": "<image>" * k + f"Describe picture set {i} in detail."},
-                {"role": "assistant", "content": "It shows " + " ".join(["colourful gradients"] * int(rng.integers(5, 40)))},
+                {
+                    "role": "assistant",
+                    "content": "It shows " + " ".join(["colourful gradients"] * int(rng.integers(5, 40))),
+                },
                 {"role": "user", "content": "And the mood?"},
                 {"role": "assistant", "content": "Calm."},
             ]
@@ -70,7 +73,11 @@ def compare_paths(config_path: Path, processor_dir: Path) -> None:
     spec = load_dataset_config(config_path)[0]
     bundle = load_processor(str(processor_dir))
     tok = SampleTokenizer(bundle)
-    convs = [to_conversation(parse_record(r), spec) for c in plan_chunks([spec], rows_per_chunk=10**9, seed=0) for r in read_chunk(c)]
+    convs = [
+        to_conversation(parse_record(r), spec)
+        for c in plan_chunks([spec], rows_per_chunk=10**9, seed=0)
+        for r in read_chunk(c)
+    ]
     tok.tokenize(convs[0], spec.video)  # warm caches (template compile)
     t0 = time.perf_counter()
     ours = [tok.tokenize(c, spec.video).input_ids for c in convs]
@@ -91,13 +98,17 @@ def compare_executors(config_path: Path, processor_dir: Path, root: Path) -> Non
 
     for executor in ("local", "ray"):
         cfg = TokenizeConfig(
-            dataset_config=str(config_path), processor=str(processor_dir), output_dir=str(root / f"out-{executor}"),
-            executor=executor, rows_per_chunk=25,
+            dataset_config=str(config_path),
+            processor=str(processor_dir),
+            output_dir=str(root / f"out-{executor}"),
+            executor=executor,
+            rows_per_chunk=25,
         )
         t0 = time.perf_counter()
         manifest = run_tokenize(cfg)
         dt = time.perf_counter() - t0
-        print(f"stage --executor {executor:5s}: {manifest['rows']['samples'] / dt:8.1f} samples/s ({dt:.1f} s incl. startup)")
+        rate = manifest["rows"]["samples"] / dt
+        print(f"stage --executor {executor:5s}: {rate:8.1f} samples/s ({dt:.1f} s incl. startup)")
 
 
 def main() -> None:

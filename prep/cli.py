@@ -9,8 +9,8 @@ import click
 
 from prep.example.cli import example_command
 from prep.tokenize.cli import tokenize_command
-from prep.tokenize.stage import ConservationError, ErrorRateExceeded, OutputDirConflict
 from prep.tokenize.processor import ProcessorLoadError
+from prep.tokenize.stage import ConservationError, ErrorRateExceeded, OutputDirConflict
 from schemas.dataset_config import ConfigError
 
 USAGE_ERRORS = (ConfigError, OutputDirConflict, ProcessorLoadError)

@@ -8,15 +8,37 @@ from prep.tokenize.stage import TokenizeConfig
 
 
 @click.command("tokenize")
-@click.option("--dataset-config", "dataset_config", required=True, type=click.Path(exists=True, dir_okay=False), help="dataset_info.json-style config.")
+@click.option(
+    "--dataset-config",
+    "dataset_config",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="dataset_info.json-style config.",
+)
 @click.option("--processor", required=True, help="HF processor: local directory or hub id.")
-@click.option("--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Output directory (resumable).")
+@click.option(
+    "--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Output directory (resumable)."
+)
 @click.option("--dataset", "datasets", multiple=True, help="Only these datasets of the config (repeatable).")
 @click.option("--max-length", type=click.IntRange(min=1), default=None, help="Samples longer than this become errors.")
-@click.option("--verify-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True, help="Seeded fraction checked against the real processor.")
+@click.option(
+    "--verify-fraction",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Seeded fraction checked against the real processor.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for sample_ratio draws and verification.")
-@click.option("--rows-per-chunk", type=click.IntRange(min=1), default=512, show_default=True, help="Records per task/output part.")
-@click.option("--max-error-rate", type=click.FloatRange(0, 1), default=1.0, show_default=True, help="Exit non-zero above this error fraction.")
+@click.option(
+    "--rows-per-chunk", type=click.IntRange(min=1), default=512, show_default=True, help="Records per task/output part."
+)
+@click.option(
+    "--max-error-rate",
+    type=click.FloatRange(0, 1),
+    default=1.0,
+    show_default=True,
+    help="Exit non-zero above this error fraction.",
+)
 @click.option("--executor", type=click.Choice(["ray", "local"]), default="ray", show_default=True)
 @click.option("--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or embedded Ray).")
 @click.option("--num-workers", type=click.IntRange(min=1), default=None, help="Ray actors (default: CPUs - 1).")

@@ -60,30 +60,29 @@ class SampleTokenizer:
 
             sample = tokenize_with_processor(self.bundle, conv, sampling, self.lmdb)
         else:
-            sample = self._tokenize_closed_form(conv, sampling)
+            sample = self._tokenize_closed_form(self.counter, conv, sampling)
         if self.max_length is not None and sample.num_tokens > self.max_length:
             raise SampleError(Reason.TOO_LONG, f"{sample.num_tokens} tokens > --max-length {self.max_length}")
         return sample
 
-    def _tokenize_closed_form(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
-        counter = self.counter
-        assert counter is not None
-        counts = [(item.ref.uri, self._count(item.kind, item.ref, sampling)) for item in conv.media]
+    def _tokenize_closed_form(
+        self, counter: MediaCounter, conv: Conversation, sampling: VideoSampling
+    ) -> TokenizedSample:
+        counts = [(item.ref.uri, self._count(counter, item.kind, item.ref, sampling)) for item in conv.media]
         rendered = render_with_spans(self.bundle.tokenizer, self.bundle.chat_template, conv.messages)
         text = tokenize_rendered(self.bundle.tokenizer, rendered)
         ids, mask = splice_media(text.input_ids, text.loss_mask, counts, counter.image_token_id, counter.video_token_id)
         return TokenizedSample(input_ids=ids, loss_mask=mask, media=counts)
 
-    def _count(self, kind: str, ref: Any, sampling: VideoSampling) -> MediaCount:
-        assert self.counter is not None
+    def _count(self, counter: MediaCounter, kind: str, ref: Any, sampling: VideoSampling) -> MediaCount:
         try:
             if kind == "image":
                 width, height = image_size(ref, self.lmdb)
-                count = self.counter.count_image(width, height)
+                count = counter.count_image(width, height)
             else:
                 meta = video_meta(ref)
                 width, height = meta.width, meta.height
-                count = self.counter.count_video(meta, sampling)
+                count = counter.count_video(meta, sampling)
             return replace(count, width=width, height=height)
         except MediaError as exc:
             raise SampleError(exc.reason, str(exc)) from exc

@@ -93,9 +93,7 @@ def _load_pieces(path: str) -> ProcessorBundle:
     image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
     image_config = _read_json(path, IMAGE_PROCESSOR_NAME)
     video_config = _read_json(path, VIDEO_PROCESSOR_NAME) or image_config
-    processor_class = (
-        processor_dict.get("processor_class") or image_config.get("processor_class") or ""
-    )
+    processor_class = processor_dict.get("processor_class") or image_config.get("processor_class") or ""
     template = _require_template(path, processor_dict.get("chat_template") or tokenizer.chat_template)
     return ProcessorBundle(
         source=str(path),
@@ -124,7 +122,9 @@ def _image_only_processor(cls_name: str, image_processor: Any, tokenizer: Any, t
             return super().check_argument_for_proper_class(argument_name, argument)
 
     try:
-        return ImageOnly(image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=template)
+        return ImageOnly(
+            image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=template
+        )
     except (TypeError, ValueError, ImportError) as exc:
         log.warning("cannot build %s without a video processor (%s); verification is off", cls_name, exc)
         return None

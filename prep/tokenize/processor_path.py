@@ -96,7 +96,9 @@ def tokenize_with_processor(
     return TokenizedSample(input_ids=ids, loss_mask=mask, media=media)
 
 
-def _media_counts(bundle: ProcessorBundle, conv: Conversation, out: Any, ids: list[int]) -> list[tuple[str, MediaCount]]:
+def _media_counts(
+    bundle: ProcessorBundle, conv: Conversation, out: Any, ids: list[int]
+) -> list[tuple[str, MediaCount]]:
     grids = {k: np.asarray(out[f"{k}_grid_thw"]).tolist() if f"{k}_grid_thw" in out else [] for k in ("image", "video")}
     merge = getattr(bundle.image_processor, "merge_size", 1) or 1
     used = {"image": 0, "video": 0}
@@ -106,6 +108,11 @@ def _media_counts(bundle: ProcessorBundle, conv: Conversation, out: Any, ids: li
         used[item.kind] += 1
         t, h, w = grids[item.kind][k] if k < len(grids[item.kind]) else (1, 0, 0)
         counts.append(
-            (item.ref.uri, MediaCount(kind=item.kind, grid_t=t, grid_h=h, grid_w=w, num_tokens=t * h * w // merge**2, expansion=()))
+            (
+                item.ref.uri,
+                MediaCount(
+                    kind=item.kind, grid_t=t, grid_h=h, grid_w=w, num_tokens=t * h * w // merge**2, expansion=()
+                ),
+            )
         )
     return counts

@@ -119,7 +119,9 @@ def _write_part(folder: Path, index: int, table: pa.Table, metadata: dict[str, s
     """Arrow IPC file via temp + rename: a part either exists whole or not at all."""
     final = folder / part_name(index)
     tmp = folder / f"{TMP_PREFIX}{final.name}.{os.getpid()}"
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in metadata.items()}})
+    table = table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in metadata.items()}}
+    )
     with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     os.replace(tmp, final)
@@ -144,7 +146,9 @@ def _prepare_output(config: TokenizeConfig) -> Path:
 
 
 def _done(out: Path, chunk: Chunk) -> bool:
-    return (out / SAMPLES_DIR / part_name(chunk.index)).exists() and (out / ERRORS_DIR / part_name(chunk.index)).exists()
+    return (out / SAMPLES_DIR / part_name(chunk.index)).exists() and (
+        out / ERRORS_DIR / part_name(chunk.index)
+    ).exists()
 
 
 def _chunk_json(chunk: Chunk) -> str:
@@ -160,7 +164,13 @@ def run_tokenize(config: TokenizeConfig) -> dict[str, Any]:
     chunks = plan_chunks(specs, rows_per_chunk=config.rows_per_chunk, seed=config.seed)
     out = _prepare_output(config)
     pending = [c for c in chunks if not _done(out, c)]
-    log.info("tokenize: %d chunks, %d already done, %d to run (%s executor)", len(chunks), len(chunks) - len(pending), len(pending), config.executor)
+    log.info(
+        "tokenize: %d chunks, %d already done, %d to run (%s executor)",
+        len(chunks),
+        len(chunks) - len(pending),
+        len(pending),
+        config.executor,
+    )
     worker_kwargs = {
         "config_json": json.dumps({**asdict(config), "output_dir": str(out)}),
         "specs_json": json.dumps([spec_to_json(s) for s in specs]),
@@ -187,7 +197,9 @@ def run_tokenize(config: TokenizeConfig) -> dict[str, Any]:
     write_json_atomic(out / MANIFEST_FILE, manifest)
     rate = summary["rows"]["errors"] / expected if expected else 0.0
     if rate > config.max_error_rate:
-        raise ErrorRateExceeded(f"error rate {rate:.2%} > --max-error-rate {config.max_error_rate:.2%}; see {out / ERRORS_DIR}")
+        raise ErrorRateExceeded(
+            f"error rate {rate:.2%} > --max-error-rate {config.max_error_rate:.2%}; see {out / ERRORS_DIR}"
+        )
     return manifest
 
 
@@ -195,4 +207,3 @@ def _processor_identity(path: str) -> dict[str, str]:
     from prep.tokenize.processor import load_processor
 
     return load_processor(path).identity()
-

@@ -54,11 +54,16 @@ def format_summary(manifest: dict[str, Any]) -> str:
     """Human-readable end-of-run report."""
     rows, tokens, verify = manifest["rows"], manifest["tokens"], manifest["verify"]
     lines = [
-        f"samples: {rows['samples']:,}   errors: {rows['errors']:,}   (input rows used: {manifest['inputs']['rows_used']:,})",
+        f"samples: {rows['samples']:,}   errors: {rows['errors']:,}"
+        f"   (input rows used: {manifest['inputs']['rows_used']:,})",
         f"tokens: {tokens['total']:,} total = {tokens['text']:,} text + {tokens['media']:,} media;"
         f" longest sample {tokens['max_sample']:,}, mean {tokens['mean_sample']:,}",
         f"verified against the processor: {verify['checked']:,} samples"
-        + (f" ({verify['skipped_no_reference']:,} skipped: no reference processor here)" if verify["skipped_no_reference"] else ""),
+        + (
+            f" ({verify['skipped_no_reference']:,} skipped: no reference processor here)"
+            if verify["skipped_no_reference"]
+            else ""
+        ),
     ]
     for reason, count in manifest["errors_by_reason"].items():
         lines.append(f"  error {reason}: {count:,}")

@@ -17,8 +17,18 @@ from schemas.layout import SAMPLES_DIR
 
 def _args(example: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "tokenize", "--dataset-config", str(example / "dataset_info.json"), "--processor", str(example / "processor"),
-        "--output", str(out), "--executor", "local", "--rows-per-chunk", "4", *extra,
+        "tokenize",
+        "--dataset-config",
+        str(example / "dataset_info.json"),
+        "--processor",
+        str(example / "processor"),
+        "--output",
+        str(out),
+        "--executor",
+        "local",
+        "--rows-per-chunk",
+        "4",
+        *extra,
     ]
 
 

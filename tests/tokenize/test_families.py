@@ -23,7 +23,18 @@ from prep.tokenize.families.qwen3_vl import Qwen3VLCounter
 from schemas.dataset_config import VideoSampling
 from tests.tokenize.hf_video_reference import load_qwen2_video_module
 
-IMAGE_SIZES = [(1, 1), (10, 10), (27, 29), (56, 56), (333, 517), (640, 480), (1024, 768), (3000, 16), (16, 3000), (2801, 14)]
+IMAGE_SIZES = [
+    (1, 1),
+    (10, 10),
+    (27, 29),
+    (56, 56),
+    (333, 517),
+    (640, 480),
+    (1024, 768),
+    (3000, 16),
+    (16, 3000),
+    (2801, 14),
+]
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
@@ -60,9 +71,16 @@ def test_qwen2_video_plan_matches_transformers(bundles):
     counter = Qwen2VLCounter.from_processor(bundles["qwen2_vl"])
     v = counter.video
     proc = SimpleNamespace(
-        num_frames=None, fps=v.fps, temporal_patch_size=v.temporal_patch_size, min_frames=v.min_frames,
-        max_frames=v.max_frames, size={"shortest_edge": v.min_pixels, "longest_edge": v.max_pixels},
-        patch_size=v.patch_size, merge_size=v.merge_size, cap_pixels_per_frame=None, max_video_tokens=v.max_video_tokens,
+        num_frames=None,
+        fps=v.fps,
+        temporal_patch_size=v.temporal_patch_size,
+        min_frames=v.min_frames,
+        max_frames=v.max_frames,
+        size={"shortest_edge": v.min_pixels, "longest_edge": v.max_pixels},
+        patch_size=v.patch_size,
+        merge_size=v.merge_size,
+        cap_pixels_per_frame=None,
+        max_video_tokens=v.max_video_tokens,
     )
     cls = module.Qwen2VLVideoProcessor
     for frames, fps, width, height in VIDEOS:
@@ -71,7 +89,11 @@ def test_qwen2_video_plan_matches_transformers(bundles):
         for sampling in SAMPLINGS:
             count = counter.count_video(meta, sampling)
             if sampling.fps is not None:
-                kwargs = {k: getattr(sampling, k) for k in ("fps", "min_frames", "max_frames") if getattr(sampling, k) is not None}
+                kwargs = {
+                    k: getattr(sampling, k)
+                    for k in ("fps", "min_frames", "max_frames")
+                    if getattr(sampling, k) is not None
+                }
                 expected = cls.sample_frames(proc, md, **kwargs).tolist()
             else:
                 expected = list(range(frames))
@@ -86,7 +108,9 @@ def test_qwen3_video_tokens_match_processor_replacement(bundles):
     v = counter.video
     for frames, fps, width, height in VIDEOS:
         for sampling in SAMPLINGS:
-            overrides = {k: getattr(sampling, k) for k in ("min_frames", "max_frames") if getattr(sampling, k) is not None}
+            overrides = {
+                k: getattr(sampling, k) for k in ("min_frames", "max_frames") if getattr(sampling, k) is not None
+            }
             hf = Qwen3VLVideoProcessor(**{**bundle.video_config, **overrides})
             meta = VideoMeta(num_frames=frames, fps=fps, width=width, height=height)
             md = VideoMetadata(total_num_frames=frames, fps=fps, duration=frames / fps, height=height, width=width)
@@ -103,7 +127,9 @@ def test_qwen3_video_tokens_match_processor_replacement(bundles):
             md.frames_indices = indices
             fake = SimpleNamespace(
                 video_processor=SimpleNamespace(merge_size=v.merge_size, temporal_patch_size=v.temporal_patch_size),
-                vision_start_token="<|vision_start|>", vision_end_token="<|vision_end|>", video_token="<|video_pad|>",
+                vision_start_token="<|vision_start|>",
+                vision_end_token="<|vision_end|>",
+                video_token="<|video_pad|>",
                 _calculate_timestamps=lambda i, f, m: Qwen3VLProcessor._calculate_timestamps(None, i, f, m),
             )
             per_frame = patches // grid_t

@@ -19,15 +19,26 @@ from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR
 from schemas.tokenized import list_parts, open_part
 
 EXPECTED_REASONS = {
-    "malformed_json", "not_utf8", "empty_conversation", "media_tag_mismatch", "missing_media",
-    "missing_lmdb_key", "corrupt_image", "processor_rejected", "bad_video",
+    "malformed_json",
+    "not_utf8",
+    "empty_conversation",
+    "media_tag_mismatch",
+    "missing_media",
+    "missing_lmdb_key",
+    "corrupt_image",
+    "processor_rejected",
+    "bad_video",
 }
 
 
 def _config(example: Path, out: Path, **kw) -> TokenizeConfig:
     base = dict(
-        dataset_config=str(example / "dataset_info.json"), processor=str(example / "processor"),
-        output_dir=str(out), executor="local", verify_fraction=1.0, rows_per_chunk=8,
+        dataset_config=str(example / "dataset_info.json"),
+        processor=str(example / "processor"),
+        output_dir=str(out),
+        executor="local",
+        verify_fraction=1.0,
+        rows_per_chunk=8,
     )
     return TokenizeConfig(**{**base, **kw})
 
@@ -85,11 +96,12 @@ def test_every_image_sample_equals_hf_processor(local_run, bundles, example_dir)
 
 
 def _messages_with_images(row: dict, spec) -> list[dict]:
+    import io
+
     from prep.sources.media import LmdbPool, parse_ref, read_bytes
     from prep.sources.records import plan_chunks, read_chunk
     from prep.tokenize.chunk import parse_record
     from prep.tokenize.conversation import to_conversation
-    import io
 
     chunk = next(c for c in plan_chunks([spec], rows_per_chunk=10**9, seed=0))
     raw = next(r for r in read_chunk(chunk) if r.line == row["line"])
