@@ -139,9 +139,12 @@ def _prepare_output(config: TokenizeConfig) -> Path:
             raise OutputDirConflict(
                 f"{out} holds a run with other options ({previous}); use a new --output or the same options to resume"
             )
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_file, fingerprint)  # first, so a run killed from here on can resume
     for sub in (SAMPLES_DIR, ERRORS_DIR):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_file, fingerprint)
+        (out / sub).mkdir(exist_ok=True)
+        for stale in (out / sub).glob(f"{TMP_PREFIX}*"):  # half-written parts of a killed run
+            stale.unlink()
     return out
 
 
