@@ -1,0 +1,7 @@
+"""`prep stats`: JSON + self-contained HTML report of a tokenized or packed directory.
+
+Modules, in call order: :mod:`~prep.stats.read` (memory-mapped columns, manifests),
+:mod:`~prep.stats.collect` and :mod:`~prep.stats.packs` (pure: tables -> :class:`Stats`),
+:mod:`~prep.stats.plots` (PNG bytes), :mod:`~prep.stats.html` (the report),
+:mod:`~prep.stats.stage` (files), :mod:`~prep.stats.cli` (the click command).
+"""

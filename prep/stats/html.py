@@ -1,0 +1,116 @@
+"""The self-contained HTML report: inline CSS, tables, PNGs as base64 data URIs, no links."""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+
+from prep.stats.plots import Plot
+from prep.stats.records import Distribution, GroupStats, PackStats, Stats
+
+CSS = """
+body { font-family: sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+figure { margin: 1.5em 0; }
+img { max-width: 100%; }
+"""
+LENGTH_LABELS = (("num_tokens", "total"), ("num_text_tokens", "text"), ("num_media_tokens", "media"))
+
+
+def render_html(stats: Stats, plots: list[Plot], title: str) -> str:
+    """The whole report as one string; same stats and plots give the same bytes."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f"<p>Input written by stage <code>{escape(stats.stage)}</code>; histograms use up to {stats.bins} bins."
+        " The same numbers are in <code>stats.json</code>.</p>",
+    ]
+    if stats.overall is not None:
+        parts += ["<h2>Datasets</h2>", _datasets_table(stats), "<h2>Token lengths</h2>", _lengths_table(stats)]
+    if stats.packs is not None:
+        parts += ["<h2>Packs</h2>", _packs_table(stats.packs)]
+    if stats.overall is not None and stats.overall.errors:
+        parts += ["<h2>Errors by reason</h2>", _errors_table(stats)]
+    if plots:
+        parts.append("<h2>Plots</h2>")
+        parts += [_figure(p) for p in plots]
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _figure(plot: Plot) -> str:
+    data = base64.b64encode(plot.png).decode("ascii")
+    return (
+        f'<figure id="{escape(plot.key)}"><img src="data:image/png;base64,{data}" alt="{escape(plot.title)}">'
+        f"<figcaption>{escape(plot.title)}</figcaption></figure>"
+    )
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _groups(stats: Stats) -> list[tuple[str, GroupStats]]:
+    rows = list(stats.datasets.items())
+    return rows + ([("all", stats.overall)] if stats.overall is not None else [])
+
+
+def _datasets_table(stats: Stats) -> str:
+    kinds = sorted({k for _, g in _groups(stats) for k in g.media_items})
+    header = ["dataset", "samples", "errors", "with media", *(f"{k} items" for k in kinds)]
+    header += ["tokens", "text tokens", "media tokens"]
+    rows = []
+    for name, g in _groups(stats):
+        media = [g.media_items.get(k, 0) for k in kinds]
+        totals = [g.lengths[c].total for c, _ in LENGTH_LABELS]
+        rows.append([name, g.samples, g.errors, g.samples_with_media, *media, *totals])
+    return _table(header, rows)
+
+
+def _lengths_table(stats: Stats) -> str:
+    header = ["dataset", "length", "mean", "min", "p50", "p90", "p99", "max"]
+    rows = []
+    for name, g in _groups(stats):
+        for column, label in LENGTH_LABELS:
+            d: Distribution = g.lengths[column]
+            rows.append([name, label, d.mean, d.min, d.p50, d.p90, d.p99, d.max])
+    return _table(header, rows)
+
+
+def _packs_table(packs: PackStats) -> str:
+    rows: list[list[object]] = [[k, v] for k, v in sorted(packs.scalars.items())]
+    for name, d in sorted(packs.per_pack.items()):
+        for field in ("mean", "p50", "p90", "p99", "max"):
+            value = getattr(d, field)
+            if value is not None:
+                rows.append([f"{name} {field}", value])
+    if not rows:
+        return "<p>The pack manifest records no pack statistics this report knows.</p>"
+    return _table(["quantity", "value"], rows)
+
+
+def _errors_table(stats: Stats) -> str:
+    names = list(stats.datasets)
+    reasons = sorted(stats.overall.errors_by_reason) if stats.overall else []
+    rows = [[r, *(stats.datasets[n].errors_by_reason.get(r, 0) for n in names), _total(stats, r)] for r in reasons]
+    return _table(["reason", *names, "all"], rows)
+
+
+def _total(stats: Stats, reason: str) -> int:
+    return stats.overall.errors_by_reason.get(reason, 0) if stats.overall else 0
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)

@@ -1,0 +1,155 @@
+"""PNG plots of a :class:`Stats`, drawn with matplotlib's Agg canvas (no pyplot, no display).
+
+Bytes are reproducible: matplotlib's default style (a user's matplotlibrc is ignored), a
+fixed size and dpi, and PNG metadata without the software version.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+from prep.stats.records import Distribution, GroupStats, Number, Stats
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.axis import Axis
+
+FIGSIZE = (8.0, 4.5)
+DPI = 100
+TOKEN_PLOTS = (
+    ("tokens_text", "num_text_tokens", "Text tokens per sample"),
+    ("tokens_media", "num_media_tokens", "Media tokens per sample"),
+    ("tokens_total", "num_tokens", "Total tokens per sample"),
+)
+PACK_PLOTS = (
+    ("pack_fill", "fill", "Pack fill"),
+    ("pack_samples", "samples_per_pack", "Samples per pack"),
+    ("pack_media", "media_per_pack", "Media items per pack"),
+)
+
+
+class StatsDependencyError(ImportError):
+    """matplotlib, needed for the report's plots, is not installed."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plot:
+    """One rendered figure: ``key`` names it in the HTML (``id``) and in tests."""
+
+    key: str
+    title: str
+    png: bytes
+
+
+def require_matplotlib() -> None:
+    """Fail early, before any data is read, if plots cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise StatsDependencyError("`prep stats` draws its plots with matplotlib: pip install matplotlib") from exc
+
+
+def render_plots(stats: Stats) -> list[Plot]:
+    """Every plot the data supports, in report order; missing data means no plot."""
+    plots = []
+    overall = stats.overall
+    if overall is not None:
+        for key, column, title in TOKEN_PLOTS:
+            groups = {name: g.lengths[column] for name, g in stats.datasets.items()}
+            plots.append(Plot(key=key, title=title, png=_draw(partial(_lengths, groups=groups, title=title))))
+        if overall.errors:
+            png = _draw(partial(_errors, datasets=stats.datasets, overall=overall))
+            plots.append(Plot(key="errors_by_reason", title="Errors by reason", png=png))
+    if stats.packs is not None:
+        for key, name, title in PACK_PLOTS:
+            dist = stats.packs.per_pack.get(name)
+            if dist is not None and dist.histogram is not None and sum(dist.histogram.counts):
+                png = _draw(partial(_pack, dist=dist, title=title, scalars=stats.packs.scalars))
+                plots.append(Plot(key=key, title=title, png=png))
+    return plots
+
+
+def _draw(paint: Callable[[Axes], None]) -> bytes:
+    """Run ``paint(ax)`` on a fresh figure and return deterministic PNG bytes."""
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.style.context("default"):
+        fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+        FigureCanvasAgg(fig)
+        paint(fig.add_subplot())
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _lengths(ax: Axes, groups: dict[str, Distribution], title: str) -> None:
+    """One step histogram per dataset over the shared bin edges."""
+    for name, dist in groups.items():
+        hist = dist.histogram
+        if hist is None:
+            continue
+        label = f"{name} (n={dist.count:,}, p50={_fmt(dist.p50)}, p99={_fmt(dist.p99)}, max={_fmt(dist.max)})"
+        ax.stairs(hist.counts, hist.edges, label=label, linewidth=1.6)
+    ax.set_title(f"{title}, by dataset")
+    ax.set_xlabel("tokens per sample")
+    ax.set_ylabel("samples")
+    _integer_ticks(ax.yaxis)
+    if groups:
+        ax.legend(fontsize="small")
+
+
+def _errors(ax: Axes, datasets: dict[str, GroupStats], overall: GroupStats) -> None:
+    """Horizontal bars per reason, stacked by dataset, most frequent reason on top."""
+    reasons = sorted(overall.errors_by_reason.items(), key=lambda kv: (kv[1], kv[0]))
+    names = [r for r, _ in reasons]
+    left = [0] * len(names)
+    for dataset, group in datasets.items():
+        widths = [group.errors_by_reason.get(r, 0) for r in names]
+        if any(widths):
+            ax.barh(names, widths, left=left, label=dataset)
+            left = [a + b for a, b in zip(left, widths)]
+    for y, total in enumerate(left):
+        ax.annotate(f"{total:,}", (total, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize="small")
+    ax.set_title(f"Errors by reason ({overall.errors:,} error rows)")
+    ax.set_xlabel("error rows")
+    _integer_ticks(ax.xaxis)
+    ax.margins(x=0.06)
+    ax.legend(fontsize="small")
+
+
+def _pack(ax: Axes, dist: Distribution, title: str, scalars: dict[str, Number]) -> None:
+    """A per-pack histogram; the fill plot's title carries packs, L2 bound and efficiency."""
+    hist = dist.histogram
+    if hist is None:
+        return
+    ax.stairs(hist.counts, hist.edges, fill=True, alpha=0.8)
+    plan = ("num_packs", "lb2", "efficiency") if title == "Pack fill" else ()
+    facts = [f"{k}={_fmt(scalars[k])}" for k in plan if k in scalars]
+    facts += [f"{k}={_fmt(getattr(dist, k))}" for k in ("mean", "p50", "max") if getattr(dist, k) is not None]
+    ax.set_title(f"{title} ({', '.join(facts)})" if facts else title, fontsize="medium")
+    fraction = title == "Pack fill" and float(hist.edges[-1]) <= 1.0
+    ax.set_xlabel("fill (tokens / pack_size)" if fraction else title.lower())
+    ax.set_ylabel("packs")
+    _integer_ticks(ax.yaxis)
+
+
+def _integer_ticks(axis: Axis) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)

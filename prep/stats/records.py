@@ -1,0 +1,185 @@
+"""Typed results of `prep stats` and their JSON form (``stats.json``).
+
+Integer data get integer bin edges ``[lo, lo + w, ...]`` with ``w = ceil((max - min + 1) /
+bins)``, so each bin holds whole token counts; fractions (pack fill) get ``bins`` equal bins
+over ``[0, 1]``. Percentiles are observed values (``inverted_cdf``: the smallest value with
+at least q% of the data at or below it). Example, lengths ``[3, 5, 5, 9]``, bins=3::
+
+    edges [3, 6, 9, 12]   counts [3, 0, 1]   p50=5  p90=9  p99=9  max=9  total=22
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+Number = int | float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Histogram:
+    """Bin ``i`` counts values in ``[edges[i], edges[i + 1])`` (the last bin is closed)."""
+
+    edges: tuple[Number, ...]
+    counts: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bin_edges": list(self.edges), "counts": list(self.counts)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Distribution:
+    """Summary of one quantity; a field is None where the source gave only part of it.
+
+    Attributes:
+        count: Values summarised.
+        total: Their sum.
+        mean: total / count.
+        min, p50, p90, p99, max: Order statistics (observed values).
+        histogram: Binned counts, or None.
+    """
+
+    count: int
+    total: Number | None = None
+    mean: float | None = None
+    min: Number | None = None
+    p50: Number | None = None
+    p90: Number | None = None
+    p99: Number | None = None
+    max: Number | None = None
+    histogram: Histogram | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"count": self.count}
+        for name in ("total", "mean", "min", "p50", "p90", "p99", "max"):
+            out[name] = getattr(self, name)
+        out["histogram"] = self.histogram.to_json() if self.histogram else None
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupStats:
+    """Statistics of one dataset (or of all datasets together).
+
+    Attributes:
+        samples: Sample rows.
+        errors: Error rows.
+        media_items: Media items of the samples by kind (``image``, ``video``).
+        samples_with_media: Samples with at least one media item.
+        lengths: Distribution per length column (``num_tokens``, ``num_text_tokens``,
+            ``num_media_tokens``); one set of bin edges per column across all groups.
+        errors_by_reason: Error rows by reason code.
+    """
+
+    samples: int
+    errors: int
+    media_items: dict[str, int]
+    samples_with_media: int
+    lengths: dict[str, Distribution]
+    errors_by_reason: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples,
+            "errors": self.errors,
+            "media_items": dict(self.media_items),
+            "samples_with_media": self.samples_with_media,
+            "tokens": {
+                "total": self.lengths["num_tokens"].total,
+                "text": self.lengths["num_text_tokens"].total,
+                "media": self.lengths["num_media_tokens"].total,
+            },
+            "lengths": {k: v.to_json() for k, v in self.lengths.items()},
+            "errors_by_reason": dict(self.errors_by_reason),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackStats:
+    """What a packed directory reports about its packs; missing parts stay absent.
+
+    Attributes:
+        scalars: Plan-level numbers found (``num_packs``, ``lb2``, ``efficiency``, ...).
+        per_pack: Distribution per pack quantity (``fill``, ``samples_per_pack``,
+            ``media_per_pack``) that the directory describes.
+    """
+
+    scalars: dict[str, Number]
+    per_pack: dict[str, Distribution]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.scalars, **{k: v.to_json() for k, v in self.per_pack.items()}}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stats:
+    """Everything `prep stats` reports about one directory.
+
+    Attributes:
+        stage: Stage that wrote the input directory.
+        bins: Requested histogram bins.
+        datasets: Per-dataset statistics, by name; empty without token data.
+        overall: All datasets together, or None without token data.
+        packs: Pack statistics of a packed directory, else None.
+    """
+
+    stage: str
+    bins: int
+    datasets: dict[str, GroupStats]
+    overall: GroupStats | None
+    packs: PackStats | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "bins": self.bins,
+            "datasets": {k: v.to_json() for k, v in self.datasets.items()},
+            "overall": self.overall.to_json() if self.overall else None,
+            "packs": self.packs.to_json() if self.packs else None,
+        }
+
+
+def integer_edges(values: np.ndarray, bins: int) -> np.ndarray:
+    """At most ``bins`` equal integer-width bins covering ``[min, max]``."""
+    if values.size == 0:
+        return np.array([0, 1], dtype=np.int64)
+    lo, hi = int(values.min()), int(values.max())
+    width = max(1, -(-(hi - lo + 1) // bins))
+    count = -(-(hi - lo + 1) // width)
+    return lo + width * np.arange(count + 1, dtype=np.int64)
+
+
+def fraction_edges(bins: int) -> np.ndarray:
+    """``bins`` equal bins over [0, 1]."""
+    return np.linspace(0.0, 1.0, bins + 1)
+
+
+def distribution(values: np.ndarray, edges: np.ndarray) -> Distribution:
+    """Full summary of ``values`` with a histogram over the given edges."""
+    counts, _ = np.histogram(values, bins=edges)
+    histogram = Histogram(edges=tuple(_py(e) for e in edges), counts=tuple(int(c) for c in counts))
+    if values.size == 0:
+        return Distribution(count=0, total=0, mean=0.0, histogram=histogram)
+    p50, p90, p99 = (_py(v) for v in np.percentile(values, PERCENTILES, method="inverted_cdf"))
+    total = _py(values.sum(dtype=np.float64 if values.dtype.kind == "f" else np.int64))
+    return Distribution(
+        count=int(values.size),
+        total=total,
+        mean=round(float(total) / values.size, 4),
+        min=_py(values.min()),
+        p50=p50,
+        p90=p90,
+        p99=p99,
+        max=_py(values.max()),
+        histogram=histogram,
+    )
+
+
+def _py(value: Any) -> Number:
+    """A numpy scalar as a plain int or (rounded) float, for stable JSON."""
+    if isinstance(value, (np.integer, int)):
+        return int(value)
+    return round(float(value), 6)
