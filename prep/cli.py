@@ -7,14 +7,40 @@ import sys
 
 import click
 
+from prep.energon.cli import energon_blend_command, energon_index_command
+from prep.energon.index import EnergonIndexError, EnergonVerifyError
 from prep.example.cli import example_command
+from prep.pack.cli import pack_command
+from prep.pack.core import PlanInvariantError
+from prep.pack.stage import OversizeError, PackConservationError, PackOutputConflict
+from prep.shards.layout import ShardSizeError
+from prep.shards.read import MediaVanishedError, TokenizedPartError
+from prep.shards.worker import PackOverflowError
+from prep.stats.cli import stats_command
 from prep.tokenize.cli import tokenize_command
 from prep.tokenize.processor import ProcessorLoadError
 from prep.tokenize.stage import ConservationError, ErrorRateExceeded, OutputDirConflict
 from schemas.dataset_config import ConfigError
 
-USAGE_ERRORS = (ConfigError, OutputDirConflict, ProcessorLoadError)
-RUN_FAILURES = (ErrorRateExceeded, ConservationError)
+USAGE_ERRORS = (
+    ConfigError,
+    OutputDirConflict,
+    ProcessorLoadError,
+    PackOutputConflict,
+    ShardSizeError,
+    EnergonIndexError,
+)
+RUN_FAILURES = (
+    ErrorRateExceeded,
+    ConservationError,
+    OversizeError,
+    PackConservationError,
+    PlanInvariantError,
+    TokenizedPartError,
+    MediaVanishedError,
+    PackOverflowError,
+    EnergonVerifyError,
+)
 
 
 class PrepGroup(click.Group):
@@ -39,6 +65,10 @@ def main(verbose: bool) -> None:
 
 main.add_command(example_command)
 main.add_command(tokenize_command)
+main.add_command(pack_command)
+main.add_command(energon_index_command)
+main.add_command(energon_blend_command)
+main.add_command(stats_command)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+"""The tokenized directories `prep pack` reads, checked against their manifests.
+
+Only small columns are read (memory-mapped): ``num_tokens``, ``num_media_tokens``,
+``sample_id`` and the media list lengths; token lists are never materialised. Samples of
+all inputs are numbered globally in input order, then part order, then row order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prep.shards.read import TokenizedPartError, open_part_checked
+from schemas.layout import MANIFEST_FILE, SAMPLES_DIR, part_name
+from schemas.manifest import file_sha256, read_manifest
+from schemas.tokenized import read_column
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenizedInput:
+    """One `prep tokenize` output directory, its parts in order and their row counts."""
+
+    root: str
+    manifest_sha256: str
+    parts: tuple[str, ...]
+    part_rows: tuple[int, ...]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(self.part_rows)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class SampleColumns:
+    """Per-sample arrays over all inputs (global sample order)."""
+
+    num_tokens: np.ndarray
+    num_media_tokens: np.ndarray
+    media_count: np.ndarray
+    input_index: np.ndarray  # which input
+    part_id: np.ndarray  # index into the flat list of all inputs' parts
+    row: np.ndarray  # row within the part
+    sample_ids: list[pa.ChunkedArray]  # per input
+
+
+def load_input(root: str | Path) -> TokenizedInput:
+    """Check a tokenized directory against its manifest: every part present and readable.
+
+    Raises:
+        TokenizedPartError: No manifest, a missing or truncated part, or a row count that
+            differs from the manifest.
+    """
+    root = Path(root).resolve()
+    manifest_path = root / MANIFEST_FILE
+    if not manifest_path.is_file():
+        raise TokenizedPartError(f"{root} has no {MANIFEST_FILE}: not a finished `prep tokenize` output")
+    manifest = read_manifest(manifest_path, stage="tokenize")
+    expected = [part_name(i) for i in range(int(manifest["inputs"]["chunks"]))]
+    folder = root / SAMPLES_DIR
+    missing = [name for name in expected if not (folder / name).is_file()]
+    if missing:
+        raise TokenizedPartError(
+            f"{root}: tokenized parts {missing[:5]} are missing ({len(missing)} of {len(expected)}); rerun "
+            "`prep tokenize` with the same options to restore them"
+        )
+    rows = tuple(open_part_checked(folder / name).num_rows for name in expected)
+    if sum(rows) != manifest["rows"]["samples"]:
+        raise TokenizedPartError(
+            f"{root}: parts hold {sum(rows)} samples, manifest says {manifest['rows']['samples']}; "
+            "rerun `prep tokenize`"
+        )
+    return TokenizedInput(
+        root=str(root),
+        manifest_sha256=file_sha256(manifest_path),
+        parts=tuple(str(folder / name) for name in expected),
+        part_rows=rows,
+    )
+
+
+def _ints(column: pa.ChunkedArray) -> np.ndarray:
+    return column.to_numpy().astype(np.int64) if len(column) else np.zeros(0, np.int64)
+
+
+def load_columns(inputs: list[TokenizedInput]) -> SampleColumns:
+    """Length columns and row locations of every sample, memory-mapped."""
+    tokens, media_tokens, media_count, input_index, part_id, row, ids = [], [], [], [], [], [], []
+    first_part = 0
+    for i, item in enumerate(inputs):
+        tokens.append(_ints(read_column(item.root, "num_tokens")))
+        if tokens[-1].size != item.num_samples:
+            raise TokenizedPartError(
+                f"{item.root}: {SAMPLES_DIR}/ holds parts the manifest does not list; rerun `prep tokenize`"
+            )
+        media_tokens.append(_ints(read_column(item.root, "num_media_tokens")))
+        media_count.append(_ints(pc.list_value_length(read_column(item.root, "media"))))
+        ids.append(read_column(item.root, "sample_id"))
+        input_index.append(np.full(item.num_samples, i, np.int64))
+        counts = np.asarray(item.part_rows, np.int64)
+        part_id.append(np.repeat(np.arange(first_part, first_part + counts.size), counts))
+        row.append(np.arange(item.num_samples) - np.repeat(np.cumsum(counts) - counts, counts))
+        first_part += counts.size
+
+    def cat(arrays: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+
+    return SampleColumns(
+        num_tokens=cat(tokens),
+        num_media_tokens=cat(media_tokens),
+        media_count=cat(media_count),
+        input_index=cat(input_index),
+        part_id=cat(part_id),
+        row=cat(row),
+        sample_ids=ids,
+    )

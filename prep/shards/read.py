@@ -1,0 +1,149 @@
+"""Reading what a shard needs: rows of memory-mapped tokenized parts and media bytes.
+
+A shard task carries (part id, row) pairs, never data; each process maps a part once and
+slices ``input_ids``/``loss_mask`` straight out of the Arrow buffers (zero copy until the
+pack's arrays are concatenated). Media come from files or LMDB exactly as tokenize read
+them; a reference that vanished since then is a hard error naming sample and path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prep.sources.media import LMDB_SEPARATOR, LmdbPool, MediaError, MediaRef, parse_ref, read_bytes
+from schemas.tokenized import open_part
+
+ROOT = Path("/")
+
+
+class TokenizedPartError(RuntimeError):
+    """A tokenized part is missing, truncated or differs from the plan: rerun `prep tokenize`."""
+
+
+class MediaVanishedError(RuntimeError):
+    """A media file or LMDB key that tokenize read is gone: restore it or re-tokenize."""
+
+
+def open_part_checked(path: str | Path) -> pa.Table:
+    """`open_part` with a clear error for a missing or truncated file."""
+    try:
+        return open_part(path)
+    except FileNotFoundError as exc:
+        raise TokenizedPartError(f"tokenized part {path} is missing; rerun `prep tokenize` on its directory") from exc
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise TokenizedPartError(
+            f"tokenized part {path} is unreadable or truncated ({exc}); rerun `prep tokenize`"
+        ) from exc
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SampleRow:
+    """One tokenized sample, arrays as read-only views into the mapped part."""
+
+    sample_id: str
+    dataset: str
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    media: list[dict]
+
+
+class PartView:
+    """Row access into one memory-mapped part (one or several record batches)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        table = open_part_checked(path)
+        self._batches = [b for b in table.to_batches() if b.num_rows]
+        self._starts = np.cumsum([0] + [b.num_rows for b in self._batches])
+        self._arrays = [self._list_arrays(b) for b in self._batches]
+        self._py: dict[int, tuple[list, list, list]] = {}  # batch -> ids, datasets, media
+
+    def _python_columns(self, b: int) -> tuple[list, list, list]:
+        """Small columns of a batch as Python lists, converted once (per-row scalars are slow)."""
+        if b not in self._py:
+            batch = self._batches[b]
+            self._py[b] = tuple(batch.column(c).to_pylist() for c in ("sample_id", "dataset", "media"))  # type: ignore[assignment]
+        return self._py[b]
+
+    @staticmethod
+    def _list_arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, ...]:
+        ids, mask = batch.column("input_ids"), batch.column("loss_mask")
+        return (
+            ids.offsets.to_numpy(),
+            ids.values.to_numpy(),
+            mask.offsets.to_numpy(),
+            mask.values.to_numpy(),
+            batch.column("num_tokens").to_numpy(),
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return int(self._starts[-1])
+
+    def row(self, index: int) -> SampleRow:
+        if not 0 <= index < self.num_rows:
+            raise TokenizedPartError(
+                f"{self.path} has {self.num_rows} rows, the plan names row {index}: inputs changed; rerun `prep "
+                "pack` into a new directory"
+            )
+        b = int(np.searchsorted(self._starts, index, side="right") - 1)
+        r = index - int(self._starts[b])
+        id_off, ids, mask_off, mask, num_tokens = self._arrays[b]
+        sample_ids, datasets, media = self._python_columns(b)
+        row = SampleRow(
+            sample_id=sample_ids[r],
+            dataset=datasets[r],
+            input_ids=ids[id_off[r] : id_off[r + 1]],
+            loss_mask=mask[mask_off[r] : mask_off[r + 1]],
+            media=media[r],
+        )
+        if row.input_ids.size != num_tokens[r] or row.loss_mask.size != num_tokens[r]:
+            raise TokenizedPartError(
+                f"{self.path} row {index} ({row.sample_id}): input_ids/loss_mask length differs from "
+                "num_tokens; the part is corrupt"
+            )
+        return row
+
+
+def to_media_ref(ref: str) -> MediaRef:
+    """A tokenized ``ref`` (absolute path or ``db.lmdb::KEY``) as a MediaRef, no path parsing."""
+    path, sep, key = ref.partition(LMDB_SEPARATOR)
+    return MediaRef(path=path, key=key if sep else None) if path.startswith("/") else parse_ref(ref, ROOT)
+
+
+def read_media(ref: str, sample_id: str, pool: LmdbPool) -> bytes:
+    """Original encoded bytes of a media item."""
+    try:
+        return read_bytes(to_media_ref(ref), pool)
+    except MediaError as exc:
+        raise MediaVanishedError(f"sample {sample_id}: media {ref!r} vanished since tokenize ({exc})") from exc
+
+
+def media_size(ref: str, pool: LmdbPool) -> int:
+    """Size in bytes of a media item without copying it (stat, or LMDB value length)."""
+    media = to_media_ref(ref)
+    if media.key is None:
+        return os.stat(media.path).st_size  # FileNotFoundError is mapped by the caller
+    return len(pool.get(media))
+
+
+def sample_media_bytes(media: pa.ChunkedArray, sample_ids: pa.ChunkedArray, pool: LmdbPool) -> np.ndarray:
+    """Total media bytes per sample (for shard-size planning); each distinct ref sized once."""
+    flat = pc.list_flatten(media)
+    parents = pc.list_parent_indices(media).to_numpy()
+    refs = pc.struct_field(flat, "ref") if len(flat) else pa.array([], pa.string())
+    unique, index = np.unique(np.asarray(refs.to_pylist(), dtype=object), return_inverse=True)
+    sizes = np.empty(unique.size, np.int64)
+    for k, ref in enumerate(unique):
+        try:
+            sizes[k] = media_size(ref, pool)
+        except (OSError, MediaError) as exc:
+            sample = sample_ids[int(parents[np.flatnonzero(index == k)[0]])].as_py()
+            raise MediaVanishedError(f"sample {sample}: media {ref!r} vanished since tokenize ({exc})") from exc
+    return np.bincount(parents, weights=sizes[index], minlength=len(media)).astype(np.int64)

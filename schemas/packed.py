@@ -1,0 +1,192 @@
+"""Layout of `prep pack` output: webdataset shards with one sample per pack (version 1).
+
+Directory (``OUT``)::
+
+    OUT/manifest.json            options, input manifests' sha256, pack statistics, oversize
+    OUT/_run.json                the options of this run (resume check)
+    OUT/pack_stats.arrow         one row per pack (PACK_STATS_SCHEMA), for `prep stats`
+    OUT/shards/shard-000000.tar  plain uncompressed tar, >= 1 pack, written via temp + rename
+    OUT/.nv-meta/...             added by `prep energon-index` (Energon's own files)
+
+Members of one pack, contiguous and sorted by name; key ``pack-NNNNNNNN`` = pack index in
+plan order, unique across shards, no dots::
+
+    pack-00000007.img0000.jpg      original encoded bytes of media item 0 (never re-encoded)
+    pack-00000007.input_ids.npy    int32 [T]: the samples' input_ids concatenated, no padding
+    pack-00000007.json             PackMeta (below)
+    pack-00000007.loss_mask.npy    uint8 [T]
+    pack-00000007.vid0001.mp4      a video: its whole file; frame_indices say which frames
+
+Tar metadata is fixed (mtime 0, uid/gid 0, empty user/group names, mode 0o644), so the same
+input and options give byte-identical shards.
+
+Example ``json`` member (pack_size 1024, pad_to_multiple_of 8)::
+
+    {"version": 1, "key": "pack-00000007", "pack_size": 1024, "num_tokens": 700,
+     "cu_seqlens": [0, 312, 700], "cu_seqlens_padded": [0, 312, 704],
+     "samples": [{"input": 0, "sample_id": "chat:17:0", "dataset": "chat",
+                  "num_tokens": 312, "media": [0]},
+                 {"input": 0, "sample_id": "chat:3:0", "dataset": "chat",
+                  "num_tokens": 388, "media": [1]}],
+     "media": [{"kind": "image", "ref": "/data/a.jpg", "member": "img0000.jpg",
+                "sample": 0, "grid_thw": [1, 32, 32], "num_tokens": 256,
+                "frame_indices": [], "timestamps": []}, ...]}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+import pyarrow as pa
+
+PACKED_SCHEMA_VERSION = 1
+PACKED_FORMAT = "packvlm.packed"
+PACK_SUBFLAVORS = {"format": PACKED_FORMAT}  # in dataset.yaml; the shipped cooker matches on it
+SHARDS_DIR = "shards"
+PACK_STATS_FILE = "pack_stats.arrow"
+RUN_FILE = "_run.json"
+KEY_PREFIX = "pack-"
+META_MEMBER = "json"
+INPUT_IDS_MEMBER = "input_ids.npy"
+LOSS_MASK_MEMBER = "loss_mask.npy"
+TAR_MODE = 0o644
+TAR_MTIME = 0
+_EXT = re.compile(r"^[a-z0-9]{1,8}$")
+
+PACK_STATS_SCHEMA = pa.schema(
+    [
+        pa.field("pack", pa.int64(), nullable=False),  # index in plan order = key number
+        pa.field("shard", pa.int32(), nullable=False),
+        pa.field("num_tokens", pa.int32(), nullable=False),  # real tokens
+        pa.field("slot_tokens", pa.int32(), nullable=False),  # with pad_to_multiple_of rounding
+        pa.field("num_samples", pa.int32(), nullable=False),
+        pa.field("num_media", pa.int32(), nullable=False),
+    ],
+    metadata={"packvlm.schema": "packed.pack_stats", "packvlm.version": "1"},
+)
+
+
+def pack_key(pack_index: int) -> str:
+    """Webdataset key of a pack: its plan index, zero-padded so lexical = plan order."""
+    return f"{KEY_PREFIX}{pack_index:08d}"
+
+
+def shard_name(shard_index: int) -> str:
+    """File name of a shard under ``SHARDS_DIR``."""
+    return f"shard-{shard_index:06d}.tar"
+
+
+def media_extension(ref: str) -> str:
+    """Extension the media member keeps from its source (file or LMDB key); ``bin`` if none."""
+    name = ref.rsplit("::", 1)[-1]
+    ext = PurePosixPath(name).suffix[1:].lower()
+    return ext if _EXT.match(ext) else "bin"
+
+
+def media_member(kind: str, index: int, ref: str) -> str:
+    """Member suffix of media item ``index`` of a pack, e.g. ``img0000.jpg`` / ``vid0001.mp4``."""
+    prefix = "img" if kind == "image" else "vid"
+    return f"{prefix}{index:04d}.{media_extension(ref)}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackedMedia:
+    """One media item of a pack; its bytes are the member ``<key>.<member>``."""
+
+    kind: str  # "image" | "video"
+    ref: str  # where tokenize read it: absolute path or "db.lmdb::KEY"
+    member: str
+    sample: int  # index into PackMeta.samples
+    grid_thw: tuple[int, int, int]
+    num_tokens: int
+    frame_indices: tuple[int, ...] = ()
+    timestamps: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackedSampleMeta:
+    """One tokenized sample inside a pack; tokens [cu_seqlens[i], cu_seqlens[i+1])."""
+
+    input: int  # index of the tokenized directory in the pack manifest's inputs
+    sample_id: str
+    dataset: str
+    num_tokens: int
+    media: tuple[int, ...] = ()  # indices into PackMeta.media
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackMeta:
+    """The ``json`` member: everything about a pack except its arrays and media bytes."""
+
+    key: str
+    pack_size: int
+    num_tokens: int
+    cu_seqlens: tuple[int, ...]
+    cu_seqlens_padded: tuple[int, ...]  # slot boundaries (lengths rounded to pad_to_multiple_of)
+    samples: tuple[PackedSampleMeta, ...]
+    media: tuple[PackedMedia, ...]
+    version: int = PACKED_SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict for ``json.dumps`` (hand-built: ``dataclasses.asdict`` deep-copies)."""
+        return {
+            "version": self.version,
+            "key": self.key,
+            "pack_size": self.pack_size,
+            "num_tokens": self.num_tokens,
+            "cu_seqlens": list(self.cu_seqlens),
+            "cu_seqlens_padded": list(self.cu_seqlens_padded),
+            "samples": [
+                {
+                    "input": s.input,
+                    "sample_id": s.sample_id,
+                    "dataset": s.dataset,
+                    "num_tokens": s.num_tokens,
+                    "media": list(s.media),
+                }
+                for s in self.samples
+            ],
+            "media": [
+                {
+                    "kind": m.kind,
+                    "ref": m.ref,
+                    "member": m.member,
+                    "sample": m.sample,
+                    "grid_thw": list(m.grid_thw),
+                    "num_tokens": m.num_tokens,
+                    "frame_indices": list(m.frame_indices),
+                    "timestamps": list(m.timestamps),
+                }
+                for m in self.media
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> PackMeta:
+        """Parse a ``json`` member; refuses other schema versions."""
+        if raw.get("version") != PACKED_SCHEMA_VERSION:
+            raise ValueError(f"pack json version {raw.get('version')} unsupported; expected {PACKED_SCHEMA_VERSION}")
+        samples = tuple(PackedSampleMeta(**{**s, "media": tuple(s["media"])}) for s in raw["samples"])
+        media = tuple(
+            PackedMedia(
+                **{
+                    **m,
+                    "grid_thw": tuple(m["grid_thw"]),
+                    "frame_indices": tuple(m["frame_indices"]),
+                    "timestamps": tuple(m["timestamps"]),
+                }
+            )
+            for m in raw["media"]
+        )
+        return cls(
+            **{
+                **raw,
+                "cu_seqlens": tuple(raw["cu_seqlens"]),
+                "cu_seqlens_padded": tuple(raw["cu_seqlens_padded"]),
+                "samples": samples,
+                "media": media,
+            }
+        )

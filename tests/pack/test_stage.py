@@ -1,0 +1,235 @@
+"""`prep pack` end to end on the tokenized example dataset.
+
+Truths: the tokenized parts (read with pyarrow), the original media files and LMDB values,
+the stdlib tar reader, the length column (oversize = num_tokens > pack_size), and an
+uninterrupted run (determinism, resume).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from prep.cli import main
+from prep.pack.stage import OversizeError, PackOutputConflict
+from prep.shards.read import MediaVanishedError, TokenizedPartError
+from schemas.layout import MANIFEST_FILE, SAMPLES_DIR
+from tests.shards.helpers import (
+    check_pack_against_tokenized,
+    meta_of,
+    npy,
+    pack,
+    read_packed,
+    tokenized_dir,
+    tokenized_rows,
+)
+
+
+@pytest.fixture(scope="module")
+def tok(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tokenized_dir(example_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def packed(tok: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("packed") / "out"
+    return out, pack([tok], out)
+
+
+def _tree(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_every_pack_equals_the_samples_it_names(packed, tok):
+    out, manifest = packed
+    rows = tokenized_rows(tok)
+    packs = read_packed(out)
+    assert sorted(packs) == [f"pack-{i:08d}" for i in range(manifest["packs"]["packs"])]
+    for members in packs.values():
+        meta = meta_of(members)
+        check_pack_against_tokenized(
+            meta, npy(members["input_ids.npy"]), npy(members["loss_mask.npy"]), members, [rows]
+        )
+
+
+def test_conservation_and_oversize_from_the_length_column(packed, tok):
+    out, manifest = packed
+    rows = tokenized_rows(tok)
+    packed_ids = [s["sample_id"] for m in read_packed(out).values() for s in meta_of(m)["samples"]]
+    oversize = {o["sample_id"] for o in manifest["oversize"]}
+    assert len(packed_ids) == len(set(packed_ids))
+    assert set(packed_ids) | oversize == set(rows) and not set(packed_ids) & oversize
+    assert oversize == {sid for sid, r in rows.items() if r["num_tokens"] > 1024}
+    assert oversize, "the example must exercise the oversize path"
+    assert manifest["samples"] == {"total": len(rows), "packed": len(packed_ids), "oversize": len(oversize)}
+
+
+def test_pack_statistics(packed, tok):
+    out, manifest = packed
+    stats = manifest["packs"]
+    total = sum(r["num_tokens"] for r in tokenized_rows(tok).values() if r["num_tokens"] <= 1024)
+    assert stats["tokens"] == total
+    assert -(-total // 1024) <= stats["lb2"] <= stats["packs"]
+    assert stats["efficiency"] == pytest.approx(total / (1024 * stats["packs"]), abs=1e-6)
+    assert sum(stats["fill_histogram"].values()) == stats["packs"] > 10
+    assert sum(int(k) * v for k, v in stats["samples_per_pack"].items()) == manifest["samples"]["packed"]
+    assert all(sh["packs"] <= 4 for sh in manifest["shards"])
+    assert len(manifest["inputs"][0]["manifest_sha256"]) == 64
+    assert json.loads((out / MANIFEST_FILE).read_text()) == manifest
+    table = pa.ipc.open_file(pa.memory_map(str(out / "pack_stats.arrow"))).read_all().to_pydict()
+    assert table["pack"] == list(range(stats["packs"]))
+    assert sum(table["num_samples"]) == manifest["samples"]["packed"] and max(table["num_tokens"]) <= 1024
+    assert [table["shard"].count(i) for i in range(len(manifest["shards"]))] == [s["packs"] for s in manifest["shards"]]
+
+
+def test_rerun_is_byte_identical_and_resumes_after_loss(packed, tok, tmp_path):
+    out, _ = packed
+    again = tmp_path / "again"
+    pack([tok], again)
+    assert _tree(again) == _tree(out)
+    shards = sorted((again / "shards").glob("*.tar"))
+    shards[0].unlink()
+    shards[-1].unlink()
+    (again / "shards" / ".tmp-shard-000001.tar.999").write_bytes(b"half a shard")
+    pack([tok], again)
+    assert _tree(again) == _tree(out)
+
+
+def test_output_dir_with_other_files_or_options_is_refused(packed, tok, tmp_path):
+    out, _ = packed
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(PackOutputConflict, match="holds no `prep pack` run"):
+        pack([tok], other)
+    with pytest.raises(PackOutputConflict, match="other options"):
+        pack([tok], out, seed=1)
+
+
+def test_oversize_error_names_samples(tok, tmp_path):
+    with pytest.raises(OversizeError, match=r"samples exceed --pack-size 1024: \S+:\d+:\d+ \(\d+ tokens\)"):
+        pack([tok], tmp_path / "o", oversize="error")
+    assert not (tmp_path / "o").exists()
+
+
+def test_padding_cap_and_two_inputs(tok, tmp_path):
+    manifest = pack([tok, tok], tmp_path / "o", pad_to_multiple_of=64, max_samples_per_pack=3, shard_size="1MB")
+    rows = tokenized_rows(tok)
+    packs = read_packed(tmp_path / "o")
+    for members in packs.values():
+        meta = meta_of(members)
+        assert len(meta["samples"]) <= 3
+        assert all(c % 64 == 0 for c in meta["cu_seqlens_padded"]) and meta["cu_seqlens_padded"][-1] <= 1024
+        check_pack_against_tokenized(
+            meta, npy(members["input_ids.npy"]), npy(members["loss_mask.npy"]), members, [rows, rows]
+        )
+    seen = [(s["input"], s["sample_id"]) for m in packs.values() for s in meta_of(m)["samples"]]
+    assert len(seen) == len(set(seen)) == manifest["samples"]["packed"]
+    assert {i for i, _ in seen} == {0, 1}
+    assert manifest["packs"]["pad_tokens"] > 0
+
+
+def test_missing_or_truncated_part_is_a_clear_error(tok, tmp_path):
+    broken = tmp_path / "tok"
+    shutil.copytree(tok, broken)
+    part = broken / SAMPLES_DIR / "part-000001.arrow"
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TokenizedPartError, match="part-000001.arrow.*truncated"):
+        pack([broken], tmp_path / "o1")
+    part.unlink()
+    with pytest.raises(TokenizedPartError, match=r"part-000001.arrow.*missing"):
+        pack([broken], tmp_path / "o2")
+
+
+@pytest.fixture()
+def private_example(tmp_path: Path) -> tuple[Path, Path]:
+    """A private copy of the example data, tokenized, so media can be deleted."""
+    from prep.example.dataset import write_example_dataset
+    from prep.tokenize.stage import TokenizeConfig, run_tokenize
+
+    root = write_example_dataset(tmp_path / "ex", num_samples=12, seed=1, with_bad_rows=False).parent
+    tok = tmp_path / "tok"
+    run_tokenize(
+        TokenizeConfig(
+            dataset_config=str(root / "dataset_info.json"),
+            processor=str(root / "processor"),
+            output_dir=str(tok),
+            executor="local",
+        )
+    )
+    return root, tok
+
+
+def test_vanished_media_names_sample_and_path(private_example, tmp_path):
+    root, tok = private_example
+    rows = tokenized_rows(tok)
+    sid, ref = next(
+        (sid, m["ref"])
+        for sid, r in sorted(rows.items())
+        if r["num_tokens"] <= 1024
+        for m in r["media"]
+        if "::" not in m["ref"]
+    )
+    Path(ref).unlink()
+    for shard_size in ("512MB", "2packs"):  # found while sizing shards / while writing them
+        with pytest.raises(MediaVanishedError, match="vanished since tokenize") as err:
+            pack([tok], tmp_path / shard_size, shard_size=shard_size)
+        assert ref in str(err.value) and "sample " in str(err.value)
+        assert any(s in str(err.value) for s, r in rows.items() if ref in [m["ref"] for m in r["media"]])
+
+
+def test_cli_pack_prints_the_numbers(tok, tmp_path):
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(
+        main,
+        [
+            "pack",
+            str(tok),
+            "--output",
+            str(out),
+            "--pack-size",
+            "1024",
+            "--executor",
+            "local",
+            "--shard-size",
+            "10packs",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert f"packs: {manifest['packs']['packs']:,} (LB2 {manifest['packs']['lb2']:,}" in result.output
+    assert "oversize (dropped)" in result.output and "efficiency" in result.output
+    failed = CliRunner().invoke(
+        main,
+        [
+            "pack",
+            str(tok),
+            "--output",
+            str(tmp_path / "e"),
+            "--pack-size",
+            "1024",
+            "--executor",
+            "local",
+            "--oversize",
+            "error",
+        ],
+    )
+    assert failed.exit_code == 1 and "exceed --pack-size 1024" in failed.output
+    bad = CliRunner().invoke(
+        main, ["pack", str(tok), "--output", str(tmp_path / "b"), "--pack-size", "1024", "--shard-size", "12 apples"]
+    )
+    assert bad.exit_code == 2 and "--shard-size" in bad.output
+
+
+@pytest.mark.ray
+def test_ray_executor_matches_local(packed, tok, tmp_path, ray_session):
+    out, _ = packed
+    ray_out = tmp_path / "ray"
+    pack([tok], ray_out, executor="ray", num_workers=1)
+    assert _tree(ray_out) == _tree(out)
