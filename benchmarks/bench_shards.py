@@ -113,7 +113,7 @@ def sequential_copy(refs: list[str], dest: Path) -> int:
     """Baseline: read each blob (file or LMDB) and append it to one file."""
     envs: dict[str, lmdb.Environment] = {}
     total = 0
-    with open(dest, "wb", buffering=1 << 20) as out:
+    with open(dest, "wb", buffering=0) as out:  # one write per blob, no extra copy
         for ref in refs:
             path, sep, key = ref.partition("::")
             if sep:

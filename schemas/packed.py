@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 import pyarrow as pa
@@ -81,9 +80,10 @@ def shard_name(shard_index: int) -> str:
 
 def media_extension(ref: str) -> str:
     """Extension the media member keeps from its source (file or LMDB key); ``bin`` if none."""
-    name = ref.rsplit("::", 1)[-1]
-    ext = PurePosixPath(name).suffix[1:].lower()
-    return ext if _EXT.match(ext) else "bin"
+    name = ref.rsplit("::", 1)[-1].rsplit("/", 1)[-1]  # string ops: called once per media item
+    stem, dot, ext = name.rpartition(".")
+    ext = ext.lower()
+    return ext if dot and stem and _EXT.match(ext) else "bin"
 
 
 def media_member(kind: str, index: int, ref: str) -> str:

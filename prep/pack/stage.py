@@ -2,7 +2,7 @@
 
 Inputs: one or more `prep tokenize` outputs (:mod:`schemas.tokenized`); only their length
 columns are read to plan. Outputs, in ``OUT`` (:mod:`schemas.packed`): ``shards/*.tar``
-(one webdataset sample per pack), ``manifest.json`` and ``_run.json``.
+(one webdataset sample per pack), ``manifest.json``, ``pack_stats.arrow`` and ``_run.json``.
 
 Invariants: every tokenized sample is in exactly one pack or in the oversize report
 (checked by reading the shards back); no pack's slots exceed ``pack_size``; shards are
@@ -12,8 +12,8 @@ byte-identical to an uninterrupted run; ``OUT`` never mixes runs with other opti
 Worked example, pack_size=1024, shard_size=2packs, lengths of samples a..e::
 
     a:900  b:600  c:400  d:100  e:2000
-    plan (BFD):  pack 0 = [a, d]  pack 1 = [b, c]        oversize = [e]
-    shards:      shard-000000.tar = pack-00000000 (a, d), pack-00000001 (b, c)
+    plan (BFD):  [a, d] [b, c], order shuffled by seed    oversize = [e]
+    shards:      shard-000000.tar = pack-00000000 (b, c), pack-00000001 (a, d)  (say)
     report:      packs 2, LB2 2, efficiency 2000/2048 = 97.7 %, oversize e (2000 tokens)
 """
 
@@ -32,12 +32,13 @@ from prep.pack.inputs import SampleColumns, TokenizedInput, load_columns, load_i
 from prep.pack.stats import pack_statistics, write_pack_table
 from prep.shards.layout import cut_shards, estimate_pack_bytes, parse_shard_size
 from prep.shards.read import sample_media_bytes
-from prep.shards.tar import iter_pack_metas
-from prep.shards.worker import ShardTask, ShardWorker
+from prep.shards.readback import PackConservationError as PackConservationError  # re-export
+from prep.shards.readback import check_shards
+from prep.shards.worker import ShardTask, ShardWorker, unwrap_worker_error
 from prep.sources.media import LmdbPool
 from schemas.layout import MANIFEST_FILE, TMP_PREFIX
 from schemas.manifest import build_manifest, write_json_atomic
-from schemas.packed import PACK_STATS_FILE, RUN_FILE, SHARDS_DIR, pack_key, shard_name
+from schemas.packed import PACK_STATS_FILE, RUN_FILE, SHARDS_DIR, shard_name
 
 log = logging.getLogger(__name__)
 STAGE = "pack"
@@ -50,10 +51,6 @@ class OversizeError(RuntimeError):
 
 class PackOutputConflict(RuntimeError):
     """The output directory holds other files or a run with other options."""
-
-
-class PackConservationError(RuntimeError):
-    """The shards on disk do not hold every packed sample exactly once: a bug, never ignored."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,49 +158,6 @@ def _tasks(plan: PackPlan, cols: SampleColumns, offsets: np.ndarray) -> list[Sha
     return tasks
 
 
-def _check_conservation(
-    out: Path, tasks: list[ShardTask], cols: SampleColumns, oversize: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Read every shard back; each planned pack once, in its shard, each sample once overall."""
-    seen: set[tuple[int, str]] = set()
-    shards = []
-    for task in tasks:
-        path = out / SHARDS_DIR / shard_name(task.shard)
-        keys, samples = [], 0
-        try:
-            metas = list(iter_pack_metas(path))
-        except ValueError as exc:
-            raise PackConservationError(f"{exc}; delete {path} and rerun to rewrite it") from exc
-        for key, meta in metas:
-            keys.append(key)
-            for s in meta["samples"]:
-                ident = (int(s["input"]), str(s["sample_id"]))
-                if ident in seen:
-                    raise PackConservationError(
-                        f"sample {ident[1]} (input {ident[0]}) appears twice; second time in {path} {key}"
-                    )
-                seen.add(ident)
-                samples += 1
-        if keys != [pack_key(p) for p, _ in task.packs]:
-            raise PackConservationError(
-                f"{path} holds packs {keys[:3]}... but the plan puts {len(task.packs)} other packs there; "
-                "delete it and rerun"
-            )
-        shards.append(
-            {"name": f"{SHARDS_DIR}/{path.name}", "packs": len(keys), "samples": samples, "bytes": path.stat().st_size}
-        )
-    for o in oversize:
-        seen.add((o["input"], o["sample_id"]))
-    expected = {(k, sid) for k, ids in enumerate(cols.sample_ids) for sid in ids.to_pylist()}
-    if seen != expected or len(expected) != cols.num_tokens.size:
-        lost = sorted(expected - seen)[:5]
-        extra = sorted(seen - expected)[:5]
-        raise PackConservationError(
-            f"{cols.num_tokens.size} tokenized samples, {len(seen)} in packs + oversize; lost {lost}, unknown {extra}"
-        )
-    return shards
-
-
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class PackJob:
     """A frozen plan cut into shard tasks, ready for an executor (see `plan_pack`)."""
@@ -284,8 +238,14 @@ def run_pack(config: PackConfig) -> dict[str, Any]:
     elif pending:
         from prep.run import run_ray
 
-        run_ray(ShardWorker, job.worker_kwargs, pending, address=config.ray_address, num_workers=config.num_workers)
-    shards = _check_conservation(out, job.tasks, job.cols, job.oversize)
+        try:
+            run_ray(ShardWorker, job.worker_kwargs, pending, address=config.ray_address, num_workers=config.num_workers)
+        except Exception as exc:  # Ray wraps worker errors: surface ours with their own message
+            ours = unwrap_worker_error(exc)
+            if ours is None:
+                raise
+            raise ours from exc
+    shards = check_shards(out, job.tasks, job.cols.sample_ids, job.oversize)
     manifest = build_manifest(
         STAGE,
         fingerprint,

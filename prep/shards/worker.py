@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from prep.shards.read import PartView, SampleRow, read_media
+from prep.shards.read import MediaVanishedError, PartView, SampleRow, TokenizedPartError, read_media
 from prep.shards.tar import Member, write_tar_atomic
 from prep.sources.media import LmdbPool
 from schemas.packed import (
@@ -116,6 +117,27 @@ def build_pack(
     members.append((f"{key}.{INPUT_IDS_MEMBER}", _npy(ids)))
     members.append((f"{key}.{LOSS_MASK_MEMBER}", _npy(mask)))
     return members
+
+
+_WORKER_ERRORS = {e.__name__: e for e in (MediaVanishedError, TokenizedPartError, PackOverflowError)}
+_REMOTE_ERROR = re.compile(rf"\b({'|'.join(_WORKER_ERRORS)}): (.+)")
+
+
+def unwrap_worker_error(exc: BaseException) -> Exception | None:
+    """Our input error inside a Ray-wrapped exception, re-created with its own message.
+
+    Ray Data re-raises worker failures as ``UserCodeException`` whose cause does not survive
+    the trip; the remote traceback text does, so the error is recovered from it.
+    """
+    cur: BaseException | None = exc
+    while cur is not None:
+        if isinstance(cur, tuple(_WORKER_ERRORS.values())):
+            return cur if isinstance(cur, Exception) else None
+        match = _REMOTE_ERROR.search(str(cur))
+        if match:
+            return _WORKER_ERRORS[match.group(1)](match.group(2).strip())
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 class ShardWorker:

@@ -18,7 +18,7 @@ from prep.cli import main
 from prep.energon.blend import parse_blend, write_blend
 from prep.energon.cooker import PACK_COOKER, PackDecodeError, PackedSample, PackedTaskEncoder, cook_pack
 from prep.energon.index import EnergonIndexError, index_dataset, verify_dataset
-from tests.shards.helpers import check_pack_against_tokenized, pack, read_packed, tokenized_dir, tokenized_rows
+from tests.shards.oracles import check_pack_against_tokenized, pack, read_packed, tokenized_dir, tokenized_rows
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +141,34 @@ def test_blend_yaml_loads_with_energon(dataset, tok, tmp_path):
         write_blend([parse_blend(f"{tmp_path}=1")], tmp_path / "x.yaml")
     with pytest.raises(EnergonIndexError):
         parse_blend("./a=zero")
+
+
+def test_checkpointed_loader_resumes_on_the_same_packs(dataset):
+    from megatron.energon import get_savable_loader
+
+    out, _ = dataset
+
+    def loader():
+        ds = get_train_dataset(
+            out,
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+            batch_size=None,
+            shuffle_buffer_size=4,
+            max_samples_per_sequence=2,
+            task_encoder=PackedTaskEncoder(),
+        )
+        return get_savable_loader(ds)
+
+    first = loader()
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = first.save_state_rank()
+    expected = [next(it).__key__ for _ in range(6)]
+    restored = loader()
+    restored.restore_state_rank(state)
+    it = iter(restored)
+    assert [next(it).__key__ for _ in range(6)] == expected
 
 
 def test_cooker_is_stateless_and_refuses_decoded_media(dataset):

@@ -8,7 +8,12 @@ uninterrupted run (determinism, resume).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,10 +21,10 @@ import pytest
 from click.testing import CliRunner
 
 from prep.cli import main
-from prep.pack.stage import OversizeError, PackOutputConflict
+from prep.pack.stage import OversizeError, PackConservationError, PackOutputConflict
 from prep.shards.read import MediaVanishedError, TokenizedPartError
 from schemas.layout import MANIFEST_FILE, SAMPLES_DIR
-from tests.shards.helpers import (
+from tests.shards.oracles import (
     check_pack_against_tokenized,
     meta_of,
     npy,
@@ -100,6 +105,52 @@ def test_rerun_is_byte_identical_and_resumes_after_loss(packed, tok, tmp_path):
     assert _tree(again) == _tree(out)
 
 
+def test_killed_run_resumes_to_identical_output(tok, tmp_path):
+    """SIGKILL a real `prep pack` between shards, rerun it, compare with an uninterrupted run."""
+
+    def args(out: Path) -> list[str]:
+        inputs = [str(tok)] * 4  # ~120 one-pack shards: time to kill it mid-run
+        return [
+            "pack",
+            *inputs,
+            "--output",
+            str(out),
+            "--pack-size",
+            "512",
+            "--shard-size",
+            "1packs",
+            "--executor",
+            "local",
+        ]
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [sys.executable, "-m", "prep.cli", *args(tmp_path / "killed")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shards = tmp_path / "killed" / "shards"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if shards.is_dir() and len(list(shards.glob("shard-*.tar"))) >= 3:
+            break
+        time.sleep(0.002)
+    killed_mid_run = proc.poll() is None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert killed_mid_run and not (tmp_path / "killed" / MANIFEST_FILE).exists()
+    runner = CliRunner()
+    assert runner.invoke(main, args(tmp_path / "killed")).exit_code == 0
+    assert runner.invoke(main, args(tmp_path / "clean")).exit_code == 0
+    assert _tree(tmp_path / "killed") == _tree(tmp_path / "clean")
+
+
+def test_conservation_check_catches_a_wrong_shard(tok, tmp_path):
+    out = tmp_path / "o"
+    pack([tok], out)
+    shards = sorted((out / "shards").glob("*.tar"))
+    shutil.copy(shards[1], shards[0])
+    with pytest.raises(PackConservationError, match="holds packs"):
+        pack([tok], out)
+
+
 def test_output_dir_with_other_files_or_options_is_refused(packed, tok, tmp_path):
     out, _ = packed
     other = tmp_path / "other"
@@ -118,7 +169,9 @@ def test_oversize_error_names_samples(tok, tmp_path):
 
 
 def test_padding_cap_and_two_inputs(tok, tmp_path):
-    manifest = pack([tok, tok], tmp_path / "o", pad_to_multiple_of=64, max_samples_per_pack=3, shard_size="1MB")
+    manifest = pack(
+        [tok, tok], tmp_path / "o", pad_to_multiple_of=64, max_samples_per_pack=3, shard_size="1MB", balance_media=True
+    )
     rows = tokenized_rows(tok)
     packs = read_packed(tmp_path / "o")
     for members in packs.values():
@@ -233,3 +286,14 @@ def test_ray_executor_matches_local(packed, tok, tmp_path, ray_session):
     ray_out = tmp_path / "ray"
     pack([tok], ray_out, executor="ray", num_workers=1)
     assert _tree(ray_out) == _tree(out)
+
+
+@pytest.mark.ray
+def test_ray_worker_errors_surface_as_ours(private_example, tmp_path, ray_session):
+    _, tok = private_example
+    rows = tokenized_rows(tok)
+    ref = next(m["ref"] for r in rows.values() if r["num_tokens"] <= 1024 for m in r["media"] if "::" not in m["ref"])
+    Path(ref).unlink()
+    with pytest.raises(MediaVanishedError, match="vanished since tokenize") as err:
+        pack([tok], tmp_path / "o", shard_size="2packs", executor="ray", num_workers=1)
+    assert str(err.value).startswith("sample ") and ref in str(err.value)
