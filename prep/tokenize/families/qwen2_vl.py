@@ -38,6 +38,16 @@ QWEN2_VIDEO_CLASS_DEFAULTS = {
 }
 
 
+def count_image(
+    width: int, height: int, *, patch_size: int, merge_size: int, min_pixels: int, max_pixels: int, token_id: int
+) -> MediaCount:
+    """Qwen-VL image: grid (1, hb/patch, wb/patch) and that many / merge^2 placeholder tokens."""
+    hb, wb = resize_grid(height, width, patch_size * merge_size, min_pixels, max_pixels)
+    gh, gw = hb // patch_size, wb // patch_size
+    n = gh * gw // merge_size**2
+    return MediaCount(kind="image", grid_t=1, grid_h=gh, grid_w=gw, num_tokens=n, expansion=(token_id,) * n)
+
+
 def resize_grid(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """The processor's ``smart_resize``; its ValueError (aspect ratio > 200) becomes MediaRejected."""
     try:
@@ -72,12 +82,14 @@ class Qwen2VLCounter:
         )
 
     def count_image(self, width: int, height: int) -> MediaCount:
-        factor = self.patch_size * self.merge_size
-        hb, wb = resize_grid(height, width, factor, self.min_pixels, self.max_pixels)
-        gh, gw = hb // self.patch_size, wb // self.patch_size
-        n = gh * gw // self.merge_size**2
-        return MediaCount(
-            kind="image", grid_t=1, grid_h=gh, grid_w=gw, num_tokens=n, expansion=(self.image_token_id,) * n
+        return count_image(
+            width,
+            height,
+            patch_size=self.patch_size,
+            merge_size=self.merge_size,
+            min_pixels=self.min_pixels,
+            max_pixels=self.max_pixels,
+            token_id=self.image_token_id,
         )
 
     def sample_frames(self, meta: VideoMeta, sampling: VideoSampling) -> list[int]:

@@ -19,7 +19,7 @@ from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize 
 
 from prep.sources.media import VideoMeta
 from prep.tokenize.families.base import MediaCount, MediaRejected, register_counter
-from prep.tokenize.families.qwen2_vl import resize_grid
+from prep.tokenize.families.qwen2_vl import count_image
 from prep.tokenize.families.settings import VideoSettings, image_pixel_limits
 from schemas.dataset_config import VideoSampling
 
@@ -69,12 +69,14 @@ class Qwen3VLCounter:
         )
 
     def count_image(self, width: int, height: int) -> MediaCount:
-        factor = self.patch_size * self.merge_size
-        hb, wb = resize_grid(height, width, factor, self.min_pixels, self.max_pixels)
-        gh, gw = hb // self.patch_size, wb // self.patch_size
-        n = gh * gw // self.merge_size**2
-        return MediaCount(
-            kind="image", grid_t=1, grid_h=gh, grid_w=gw, num_tokens=n, expansion=(self.image_token_id,) * n
+        return count_image(
+            width,
+            height,
+            patch_size=self.patch_size,
+            merge_size=self.merge_size,
+            min_pixels=self.min_pixels,
+            max_pixels=self.max_pixels,
+            token_id=self.image_token_id,
         )
 
     def sample_frames(self, meta: VideoMeta, sampling: VideoSampling) -> list[int]:
