@@ -46,7 +46,6 @@ PACKED_FORMAT = "packvlm.packed"
 PACK_SUBFLAVORS = {"format": PACKED_FORMAT}  # in dataset.yaml; the shipped cooker matches on it
 SHARDS_DIR = "shards"
 PACK_STATS_FILE = "pack_stats.arrow"
-RUN_FILE = "_run.json"
 KEY_PREFIX = "pack-"
 META_MEMBER = "json"
 INPUT_IDS_MEMBER = "input_ids.npy"

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from prep.outputs import claim_output_dir
 from prep.pack.core import PackPlan, plan_packs, verify_plan
 from prep.pack.inputs import SampleColumns, TokenizedInput, load_columns, load_input
 from prep.pack.stats import pack_statistics, write_pack_table
@@ -36,9 +37,9 @@ from prep.shards.readback import PackConservationError as PackConservationError 
 from prep.shards.readback import check_shards
 from prep.shards.worker import ShardTask, ShardWorker, unwrap_worker_error
 from prep.sources.media import LmdbPool
-from schemas.layout import MANIFEST_FILE, TMP_PREFIX
+from schemas.layout import MANIFEST_FILE
 from schemas.manifest import build_manifest, write_json_atomic
-from schemas.packed import PACK_STATS_FILE, RUN_FILE, SHARDS_DIR, shard_name
+from schemas.packed import PACK_STATS_FILE, SHARDS_DIR, shard_name
 
 log = logging.getLogger(__name__)
 STAGE = "pack"
@@ -79,24 +80,6 @@ class PackConfig:
         out["inputs"] = [str(Path(p).resolve()) for p in self.inputs]
         out["shard_size"] = str(parse_shard_size(self.shard_size))
         return out
-
-
-def _prepare_output(out: Path, fingerprint: dict[str, Any]) -> None:
-    """Refuse a directory of other files or another run; else record this run's options."""
-    run_file = out / RUN_FILE
-    if out.exists() and any(out.iterdir()):
-        if not run_file.is_file():
-            raise PackOutputConflict(f"{out} is not empty and holds no `prep pack` run; choose an empty --output")
-        previous = json.loads(run_file.read_text(encoding="utf-8"))
-        if previous != fingerprint:
-            raise PackOutputConflict(
-                f"{out} holds a pack run with other options or inputs ({previous}); use a new --output or the "
-                "same options to resume"
-            )
-    (out / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
-    for stale in (out / SHARDS_DIR).glob(f"{TMP_PREFIX}*"):  # left by a killed run
-        stale.unlink()
-    write_json_atomic(run_file, fingerprint)
 
 
 def _plan(config: PackConfig, cols: SampleColumns) -> PackPlan:
@@ -222,7 +205,7 @@ def run_pack(config: PackConfig) -> dict[str, Any]:
     fingerprint = config.output_fields()
     job = plan_pack(config)
     out = Path(config.output_dir)
-    _prepare_output(out, {"config": fingerprint, "inputs": job.run_inputs})
+    claim_output_dir(out, {"config": fingerprint, "inputs": job.run_inputs}, (SHARDS_DIR,), "pack", PackOutputConflict)
     pending = [t.to_json() for t in job.tasks if not (out / SHARDS_DIR / shard_name(t.shard)).exists()]
     log.info(
         "pack: %d packs in %d shards, %d to write (%s executor)",

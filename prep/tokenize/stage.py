@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from prep.outputs import claim_output_dir
 from prep.sources.records import Chunk, plan_chunks
 from schemas.dataset_config import DatasetSpec, load_dataset_config, spec_to_json
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, TMP_PREFIX, part_name
@@ -28,7 +29,6 @@ from schemas.manifest import build_manifest, write_json_atomic
 
 log = logging.getLogger(__name__)
 STAGE = "tokenize"
-RUN_FILE = "_run.json"
 
 
 class ConservationError(RuntimeError):
@@ -129,22 +129,7 @@ def _write_part(folder: Path, index: int, table: pa.Table, metadata: dict[str, s
 
 def _prepare_output(config: TokenizeConfig) -> Path:
     out = Path(config.output_dir)
-    run_file = out / RUN_FILE
-    fingerprint = config.output_fields()
-    if out.exists() and any(out.iterdir()):
-        if not run_file.exists():
-            raise OutputDirConflict(f"{out} is not empty and holds no packvlm tokenize run; choose an empty directory")
-        previous = json.loads(run_file.read_text(encoding="utf-8"))
-        if previous != fingerprint:
-            raise OutputDirConflict(
-                f"{out} holds a run with other options ({previous}); use a new --output or the same options to resume"
-            )
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_file, fingerprint)  # first, so a run killed from here on can resume
-    for sub in (SAMPLES_DIR, ERRORS_DIR):
-        (out / sub).mkdir(exist_ok=True)
-        for stale in (out / sub).glob(f"{TMP_PREFIX}*"):  # half-written parts of a killed run
-            stale.unlink()
+    claim_output_dir(out, config.output_fields(), (SAMPLES_DIR, ERRORS_DIR), STAGE, OutputDirConflict)
     return out
 
 
