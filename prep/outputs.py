@@ -16,17 +16,17 @@ from schemas.manifest import write_json_atomic
 
 
 def claim_output_dir(
-    out: Path, fingerprint: dict[str, Any], subdirs: tuple[str, ...], stage: str, conflict: type[Exception]
+    out: Path, fingerprint: dict[str, Any], subdirs: tuple[str, ...], command: str, conflict: type[Exception]
 ) -> None:
     """Create ``out`` and its ``subdirs`` for a run with ``fingerprint``; raise ``conflict`` if taken."""
     run_file = out / RUN_FILE
     if out.exists() and any(out.iterdir()):
         if not run_file.is_file():
-            raise conflict(f"{out} is not empty and holds no `prep {stage}` run; choose an empty --output")
+            raise conflict(f"{out} is not empty and holds no `{command}` run; choose an empty --output")
         previous = json.loads(run_file.read_text(encoding="utf-8"))
         if previous != fingerprint:
             raise conflict(
-                f"{out} holds a `prep {stage}` run with other options or inputs ({previous}); "
+                f"{out} holds a `{command}` run with other options or inputs ({previous}); "
                 "use a new --output or the same options to resume"
             )
     out.mkdir(parents=True, exist_ok=True)

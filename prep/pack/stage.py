@@ -205,7 +205,7 @@ def run_pack(config: PackConfig) -> dict[str, Any]:
     fingerprint = config.output_fields()
     job = plan_pack(config)
     out = Path(config.output_dir)
-    claim_output_dir(out, {"config": fingerprint, "inputs": job.run_inputs}, (SHARDS_DIR,), "pack", PackOutputConflict)
+    claim_output_dir(out, {"config": fingerprint, "inputs": job.run_inputs}, (SHARDS_DIR,), "prep pack", PackOutputConflict)
     pending = [t.to_json() for t in job.tasks if not (out / SHARDS_DIR / shard_name(t.shard)).exists()]
     log.info(
         "pack: %d packs in %d shards, %d to write (%s executor)",

@@ -129,7 +129,7 @@ def _write_part(folder: Path, index: int, table: pa.Table, metadata: dict[str, s
 
 def _prepare_output(config: TokenizeConfig) -> Path:
     out = Path(config.output_dir)
-    claim_output_dir(out, config.output_fields(), (SAMPLES_DIR, ERRORS_DIR), STAGE, OutputDirConflict)
+    claim_output_dir(out, config.output_fields(), (SAMPLES_DIR, ERRORS_DIR), f"prep {STAGE}", OutputDirConflict)
     return out
 
 

@@ -1,0 +1,96 @@
+"""One process per device, alone or under ``torchrun``: rank, world and the reductions we need.
+
+``torchrun`` sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; without them the run is a single
+process and every collective below is the identity, so the loop reads the same either way.
+CPU runs use ``gloo``, CUDA runs ``nccl`` with one GPU per process (``LOCAL_RANK``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class DeviceUnavailableError(RuntimeError):
+    """The requested device does not exist on this machine."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DistContext:
+    """Where this process runs and who its peers are."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
+    """``auto`` -> CUDA when present else CPU; ``cuda`` without a GPU is a usage error."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(
+                "--device cuda, but torch sees no CUDA GPU (torch "
+                f"{torch.__version__}); install a CUDA build of torch or use --device cpu"
+            )
+        return torch.device("cuda", local_rank)
+    if requested != "cpu":
+        raise DeviceUnavailableError(f"unknown --device {requested!r}; use auto, cpu or cuda")
+    return torch.device("cpu")
+
+
+def init_distributed(requested_device: str) -> DistContext:
+    """Join the ``torchrun`` process group if there is one; pick this process's device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(requested_device, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(value: float | int, ctx: DistContext) -> float:
+    """Sum of a scalar over ranks (float64 on the wire, so token counts stay exact)."""
+    if not ctx.is_distributed:
+        return float(value)
+    device = ctx.device if ctx.device.type == "cuda" else torch.device("cpu")
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's ``obj``, in rank order (small metadata only: keys, counts)."""
+    if not ctx.is_distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.is_distributed:
+        dist.barrier()

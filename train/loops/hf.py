@@ -1,0 +1,266 @@
+"""`train hf`: a plain packed-THD training loop for Hugging Face models, read top to bottom.
+
+One process per device (alone or under ``torchrun``). Each optimizer step takes
+``grad_accum`` micro-batches per rank from the Energon loader (each micro-batch is
+``packs_per_microbatch`` packs in one row, no padding), runs the model with varlen
+attention, and normalises the summed token loss by the number of label tokens of the
+**whole global batch** (every micro-batch on every rank), so a token weighs the same
+whatever pack, micro-batch or rank it landed in. Gradients are summed over ranks with one
+all-reduce per step (no DDP wrapper: the vision tower sees no input on text-only
+micro-batches, which DDP's bucket hooks treat as an error).
+
+Exact resume: a checkpoint holds the weights (``save_pretrained``), optimizer, scheduler,
+RNG, step and each rank's Energon loader state, so ``--resume`` continues with the very
+micro-batches an uninterrupted run would have read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from tqdm import tqdm
+from transformers import get_scheduler
+
+from prep.outputs import claim_output_dir
+from schemas.train import CHECKPOINTS_DIR, METRICS_FILE
+from train.attention import select_attention
+from train.batch import PackedBatch
+from train.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_loader_state,
+    load_trainer_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from train.dataset import open_packed_dataset
+from train.distributed import DistContext, all_reduce_sum, gather_objects, init_distributed, shutdown
+from train.forward import packed_forward
+from train.loader import LoaderConfig, loader_state, make_loader
+from train.loss import token_loss_sum
+from train.metrics import MetricsWriter, StepMetrics
+from train.models import load_model
+
+log = logging.getLogger(__name__)
+
+
+class TrainRunConflict(ValueError):
+    """OUT holds another run, or a run that --resume was not asked to continue."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HFTrainConfig:
+    """Every option of `train hf`; the click flags take their defaults from here."""
+
+    data: Path
+    model: Path
+    processor: Path
+    output: Path
+    max_steps: int
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    lr_schedule: str = "cosine"  # any transformers.get_scheduler name
+    max_grad_norm: float = 1.0
+    grad_accum: int = 1
+    packs_per_microbatch: int = 1
+    seed: int = 0
+    save_every: int = 0  # 0: only at the end
+    resume: bool = False
+    device: str = "auto"
+    num_workers: int = 2
+    shuffle_buffer_size: int = 100
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Options the trajectory depends on; a resumed run must match them."""
+        skip = {"resume", "save_every", "max_steps"}
+        return {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
+
+
+def run(config: HFTrainConfig) -> list[StepMetrics]:
+    """Train for ``config.max_steps`` optimizer steps; returns this process's step metrics."""
+    ctx = init_distributed(config.device)
+    try:
+        return _train(config, ctx)
+    finally:
+        shutdown()
+
+
+def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
+    info = open_packed_dataset(config.data, str(config.processor))
+    checkpoint = _claim_output(config, ctx)
+    torch.manual_seed(config.seed)
+    model = load_model(
+        checkpoint or config.model,
+        seed=config.seed,
+        dtype=torch.float32,
+        attn_implementation=select_attention(ctx.device),
+        device=ctx.device,
+    )
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = get_scheduler(
+        config.lr_schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=config.max_steps
+    )
+    start = 0
+    restored_loader = None
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint)
+        optimizer.load_state_dict(state.optimizer)
+        scheduler.load_state_dict(state.scheduler)
+        set_rng_state(state.rng)
+        restored_loader = load_loader_state(checkpoint, ctx)
+        start = state.step
+        log.info("resumed from %s at step %d", checkpoint, start)
+    loader = make_loader(
+        LoaderConfig(
+            data=config.data,
+            processor=str(config.processor),
+            model=str(checkpoint or config.model),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            num_workers=config.num_workers,
+            packs_per_microbatch=config.packs_per_microbatch,
+            seed=config.seed,
+            shuffle_buffer_size=config.shuffle_buffer_size,
+        ),
+        state=restored_loader,
+    )
+    writer = MetricsWriter(config.output / METRICS_FILE)
+    if ctx.is_main:
+        writer.truncate_after(start)
+    log.info(
+        "train hf: %s (%d packs of %d tokens, %s) on %s x%d, attention %s, steps %d..%d",
+        config.data,
+        info.num_packs,
+        info.pack_size,
+        info.processor_class,
+        ctx.device,
+        ctx.world_size,
+        select_attention(ctx.device),
+        start,
+        config.max_steps,
+    )
+    batches = iter(loader)
+    history = []
+    progress = tqdm(total=config.max_steps, initial=start, disable=not ctx.is_main, desc="train", unit="step")
+    for step in range(start + 1, config.max_steps + 1):
+        micro = [next(batches) for _ in range(config.grad_accum)]
+        metrics = _step(model, optimizer, scheduler, micro, config, ctx, step)
+        history.append(metrics)
+        progress.update(1)
+        if ctx.is_main:
+            writer.write(metrics)
+            progress.set_postfix(loss=f"{metrics.loss:.4f}", tok_s=f"{metrics.tokens_per_s:,.0f}")
+            log.info(metrics.log_line(config.max_steps))
+        if step == config.max_steps or (config.save_every and step % config.save_every == 0):
+            state = TrainerState(
+                step=step, optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), rng=rng_state()
+            )
+            path = save_checkpoint(
+                config.output,
+                ctx,
+                model=model,
+                processor_dir=config.processor,
+                state=state,
+                loader_state=loader_state(loader),
+            )
+            log.info("checkpoint %s", path)
+    progress.close()
+    return history
+
+
+def _claim_output(config: HFTrainConfig, ctx: DistContext) -> Path | None:
+    """Claim OUT for this run; with --resume return the checkpoint to continue from."""
+    config.output.mkdir(parents=True, exist_ok=True)
+    has_run = (config.output / METRICS_FILE).exists() or (config.output / CHECKPOINTS_DIR).exists()
+    if has_run and not config.resume:
+        raise TrainRunConflict(f"{config.output} holds a training run; pass --resume to continue it or use a new --output")
+    if ctx.is_main:
+        claim_output_dir(config.output, config.fingerprint(), (CHECKPOINTS_DIR,), "train hf", TrainRunConflict)
+    checkpoint = latest_checkpoint(config.output) if config.resume else None
+    if config.resume and checkpoint is None:
+        log.warning("--resume: no checkpoint in %s yet; starting from step 0", config.output)
+    return checkpoint
+
+
+def _step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    micro: list[PackedBatch],
+    config: HFTrainConfig,
+    ctx: DistContext,
+    step: int,
+) -> StepMetrics:
+    """One optimizer step over this rank's micro-batches; loss normalised by global label tokens."""
+    started = time.perf_counter()
+    num_label_tokens = all_reduce_sum(sum(b.num_label_tokens for b in micro), ctx)
+    loss_sum = 0.0
+    for batch in micro:
+        batch = batch.to(ctx.device)
+        with _autocast(ctx.device):
+            logits = packed_forward(model, batch)
+        summed, _ = token_loss_sum(logits, batch.labels)
+        (summed / max(num_label_tokens, 1.0)).backward()
+        loss_sum += float(summed.detach())
+    _all_reduce_grads(model, ctx)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss = all_reduce_sum(loss_sum, ctx) / max(num_label_tokens, 1.0)
+    num_tokens = all_reduce_sum(sum(b.num_tokens for b in micro), ctx)
+    num_real = all_reduce_sum(sum(b.num_real_tokens for b in micro), ctx)
+    per_rank = gather_objects(
+        (
+            [key for b in micro for key in b.pack_keys],
+            sum(b.num_media for b in micro),
+            sum(b.num_vision_patches for b in micro),
+        ),
+        ctx,
+    )
+    elapsed = max(time.perf_counter() - started, 1e-9)
+    return StepMetrics(
+        step=step,
+        loss=loss,
+        num_label_tokens=int(num_label_tokens),
+        num_tokens=int(num_tokens),
+        num_real_tokens=int(num_real),
+        lr=float(lr),
+        grad_norm=float(grad_norm),
+        tokens_per_s=num_tokens / elapsed,
+        pack_keys=[keys for keys, _, _ in per_rank],
+        media=[media for _, media, _ in per_rank],
+        vision_patches=[patches for _, _, patches in per_rank],
+    )
+
+
+def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA (fp32 master weights); exact fp32 on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _all_reduce_grads(model: Any, ctx: DistContext) -> None:
+    """Sum gradients over ranks in one flat buffer; parameters unused on a rank count as zero."""
+    if not ctx.is_distributed:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    for param, synced in zip(params, _unflatten_dense_tensors(flat, grads)):
+        param.grad = synced

@@ -1,0 +1,69 @@
+"""Per-step numbers: one JSONL line per optimizer step and one plain-text log line.
+
+The JSONL file is the run's trace (format in :mod:`schemas.train`): a step can be checked
+from outside, down to the packs it read. On resume the lines of steps after the checkpoint
+are dropped first, so the file reads as if the run had never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from schemas.layout import TMP_PREFIX
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepMetrics:
+    """What one optimizer step did, summed over its micro-batches and ranks."""
+
+    step: int
+    loss: float  # token-weighted mean over the step's label tokens, all ranks
+    num_label_tokens: int
+    num_tokens: int  # row lengths, slot padding included
+    num_real_tokens: int  # tokens that belong to a sample
+    lr: float
+    grad_norm: float
+    tokens_per_s: float
+    pack_keys: list[list[str]]  # per rank, in consumption order
+    media: list[int]  # per rank: images + videos
+    vision_patches: list[int]  # per rank
+
+    @property
+    def real_token_fraction(self) -> float:
+        return self.num_real_tokens / self.num_tokens if self.num_tokens else 0.0
+
+    def log_line(self, max_steps: int) -> str:
+        return (
+            f"step {self.step}/{max_steps} loss {self.loss:.4f} lr {self.lr:.2e} grad_norm {self.grad_norm:.3f} "
+            f"label_tokens {self.num_label_tokens} tokens/s {self.tokens_per_s:,.0f} "
+            f"real {100 * self.real_token_fraction:.2f}% media/rank {self.media} patches/rank {self.vision_patches}"
+        )
+
+
+class MetricsWriter:
+    """Appends StepMetrics lines; ``truncate_after`` rewinds the file to a resumed step."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only the lines of steps <= ``step`` (atomically: temp file + rename)."""
+        if not self.path.is_file():
+            return
+        kept = [ln for ln in self.path.read_text(encoding="utf-8").splitlines() if json.loads(ln)["step"] <= step]
+        tmp = self.path.with_name(f"{TMP_PREFIX}{self.path.name}")
+        tmp.write_text("".join(f"{ln}\n" for ln in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def write(self, metrics: StepMetrics) -> None:
+        row = asdict(metrics) | {"real_token_fraction": round(metrics.real_token_fraction, 6)}
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """All lines of a metrics file, in step order (for tests and tooling)."""
+    return [json.loads(ln) for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
