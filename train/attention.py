@@ -1,0 +1,252 @@
+"""Packed (THD / varlen) attention for Hugging Face models: pick it, register it, keep vision safe.
+
+A packed micro-batch is one row of ``T`` tokens; sample ``i`` owns ``[cu[i], cu[i+1])`` and must
+attend causally inside its slot only. ``train.forward.packed_forward`` passes the boundaries
+explicitly (``cu_seq_lens_q/k``, ``max_length_q/k``) with ``attention_mask=None``, so nothing
+depends on transformers guessing them from ``position_ids``. Which kernel consumes them:
+
+    CUDA + flash-attn importable   "flash_attention_2"  (transformers' own varlen path)
+    otherwise                      "packvlm_varlen"     (registered here):
+        CUDA, fp16/bf16            torch.nn.attention.varlen.varlen_attn, causal = window (-1, 0)
+        CPU, fp32, dropout > 0     exact reference: SDPA per sample over the cu_seqlens slices
+
+Neither builds an O(T^2) mask: the mask function registered with ``AttentionMaskInterface``
+returns ``None`` unless the caller passes a padding mask (a padded, unpacked batch, which
+then gets transformers' SDPA mask and SDPA).
+
+Vision towers. The Qwen-VL models hand the *text* model's ``**kwargs`` to the vision tower
+(``get_image_features(..., **kwargs)`` -> ``self.visual(...)`` -> ``VisionAttention``). There the
+text boundaries are wrong twice over: on the flash path ``VisionAttention`` passes its own
+``cu_seq_lens_q=cu_seqlens`` next to ``**kwargs`` (a duplicate keyword), on the other paths it
+calls attention per image with ``**kwargs`` that would carry the text ``cu_seq_lens``.
+transformers 5.23 drops those four keys in ``accepts_precomputed_kwargs``; we do not rely on
+it. :func:`prepare_model_for_packing` adds a forward pre-hook to every vision tower that drops
+them, whatever the transformers version or attention implementation, and the attention
+function refuses boundaries that do not cover its input (a loud error, never a silent mix).
+A hook was chosen over giving the vision sub-config its own attention implementation because
+it also protects ``flash_attention_2`` (which must stay on for vision speed) and needs no
+knowledge of each family's sub-config layout. With "packvlm_varlen" the vision tower takes
+transformers' per-image path (the name has no "flash"), so each image attends to itself only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+log = logging.getLogger(__name__)
+
+PACKED_ATTENTION = "packvlm_varlen"
+FLASH_ATTENTION = "flash_attention_2"
+#: the keyword arguments that carry the text model's varlen boundaries
+VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+_HOOK_FLAG = "_packvlm_vision_hook"
+
+
+class PackedAttentionError(ValueError):
+    """Varlen boundaries that do not describe the input (wrong length, unsorted, q != k)."""
+
+
+def select_attention(device: torch.device | str) -> str:
+    """The attention implementation for packed input on ``device``.
+
+    ``flash_attention_2`` on CUDA when the ``flash_attn`` package is importable, else
+    ``packvlm_varlen`` (torch's varlen kernel on CUDA, the exact per-sample SDPA on CPU).
+    """
+    if torch.device(device).type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return FLASH_ATTENTION
+    return PACKED_ATTENTION
+
+
+def _segments(cu: torch.Tensor, total: int, name: str) -> list[tuple[int, int]]:
+    bounds = [int(x) for x in cu.tolist()]
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != total or any(x > y for x, y in zip(bounds, bounds[1:])):
+        raise PackedAttentionError(
+            f"{name} {bounds[:8]}{'...' if len(bounds) > 8 else ''} does not split {total} tokens into ordered "
+            "slots; pass the batch's cu_seqlens_padded (slot offsets) for this row"
+        )
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _boundaries_from_positions(position_ids: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+    """Slot starts where text positions restart at their minimum (transformers' flash rule)."""
+    if position_ids is None or batch != 1 or position_ids.dim() != 2:
+        return None
+    row = position_ids.reshape(-1)
+    starts = (row == row.min()).nonzero().view(-1)
+    if starts.numel() < 2:
+        return None
+    return torch.cat([starts, starts.new_tensor([row.numel()])]).to(torch.int32)
+
+
+def _per_sample_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    segments: list[tuple[int, int]],
+    *,
+    causal: bool,
+    scaling: float | None,
+    dropout: float,
+) -> torch.Tensor:
+    """Exact reference: one SDPA per slot on [1, H, L, D] slices; returns [1, H, T, D]."""
+    outputs = [
+        F.scaled_dot_product_attention(
+            query[:, :, a:b],
+            key[:, :, a:b],
+            value[:, :, a:b],
+            dropout_p=dropout,
+            is_causal=causal,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )
+        for a, b in segments
+    ]
+    return torch.cat(outputs, dim=2)
+
+
+def _cuda_varlen(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu: torch.Tensor,
+    max_length: int,
+    *,
+    causal: bool,
+    scaling: float | None,
+) -> torch.Tensor:
+    """torch's flash varlen kernel on (total, heads, dim) views; returns [1, H, T, D]."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu = cu.to(device=query.device, dtype=torch.int32)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
+    out = varlen_attn(
+        q,
+        k,
+        v,
+        cu,
+        cu,
+        int(max_length),
+        int(max_length),
+        scale=scaling,
+        window_size=(-1, 0) if causal else (-1, -1),
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out.transpose(0, 1).unsqueeze(0)
+
+
+def packed_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    position_ids: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function for packed rows; q/k/v ``[B, H, S, D]`` -> ``[B, S, H, D]``.
+
+    Boundaries: ``cu_seq_lens_q/k`` when given, else the restarts of ``position_ids`` (as
+    transformers' flash path), else none (each row is one sequence). Causality: ``is_causal``
+    when the caller says (vision towers pass False), else the module's own flag.
+    """
+    if attention_mask is not None:  # a padded, unpacked batch: plain SDPA with transformers' mask
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    if sliding_window is not None:
+        raise NotImplementedError("packvlm_varlen has no sliding-window attention; use flash_attention_2")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    dropout = dropout if module.training else 0.0
+    total = query.shape[2]
+    cu = cu_seq_lens_q if cu_seq_lens_q is not None else _boundaries_from_positions(position_ids, query.shape[0])
+    if cu is None:
+        out = F.scaled_dot_product_attention(
+            query, key, value, dropout_p=dropout, is_causal=causal, scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )  # fmt: skip
+        return out.transpose(1, 2).contiguous(), None
+    if query.shape[0] != 1 or key.shape[2] != total:
+        raise PackedAttentionError(f"packed attention needs batch 1 and equal q/k lengths, got {tuple(query.shape)}")
+    if cu_seq_lens_k is not None and cu_seq_lens_k is not cu and not torch.equal(cu_seq_lens_k.cpu(), cu.cpu()):
+        raise PackedAttentionError("cu_seq_lens_k differs from cu_seq_lens_q; packed self-attention needs one layout")
+    use_kernel = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0
+    if use_kernel and max_length_q is not None:  # boundaries checked once per row by packed_forward
+        out = _cuda_varlen(query, key, value, cu, int(max_length_q), causal=causal, scaling=scaling)
+    else:
+        if query.is_cuda:
+            log.warning("packvlm_varlen: per-sample SDPA on CUDA (dtype %s, dropout %s)", query.dtype, dropout)
+        segments = _segments(cu, total, "cu_seq_lens_q")
+        out = _per_sample_sdpa(query, key, value, segments, causal=causal, scaling=scaling, dropout=dropout)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def packed_attention_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+    """No mask for packed rows (the boundaries travel as cu_seqlens); SDPA's mask for padding."""
+    if attention_mask is None:
+        return None
+    return sdpa_mask(attention_mask=attention_mask, **kwargs)
+
+
+def register_packed_attention() -> str:
+    """Register ``packvlm_varlen`` with transformers (idempotent); returns the name."""
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention_forward)
+    AttentionMaskInterface.register(PACKED_ATTENTION, packed_attention_mask)
+    return PACKED_ATTENTION
+
+
+def _drop_text_varlen_kwargs(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return args, {k: v for k, v in kwargs.items() if k not in VARLEN_KWARGS}
+
+
+def vision_towers(model: nn.Module) -> list[nn.Module]:
+    """Sub-models that encode images/videos: built from a ``vision_config`` or declared image-only."""
+    towers = []
+    for module in model.modules():
+        config_key = getattr(getattr(module, "config", None), "base_config_key", None)
+        modalities = getattr(type(module), "input_modalities", None) or ("text",)
+        is_tower = config_key == "vision_config" or "text" not in modalities
+        if module is not model and isinstance(module, PreTrainedModel) and is_tower:
+            towers.append(module)
+    return towers
+
+
+def prepare_model_for_packing(model: nn.Module) -> nn.Module:
+    """Make ``model`` safe for packed rows (idempotent): vision towers never see text boundaries.
+
+    Also refuses models whose layers ignore ``cu_seqlens`` on this path (hybrid linear
+    attention, e.g. Qwen3.5's gated delta-net in transformers' torch fallback), where packed
+    samples would silently leak into each other through the recurrent state.
+    """
+    text_config = getattr(model.config, "text_config", model.config)
+    if "linear_attention" in (getattr(text_config, "layer_types", None) or ()):
+        raise NotImplementedError(
+            f"{type(model).__name__} has linear-attention layers; their torch fallback ignores cu_seqlens, "
+            "so packed samples would see each other. Train it unpacked."
+        )
+    for tower in vision_towers(model):
+        if not getattr(tower, _HOOK_FLAG, False):
+            tower.register_forward_pre_hook(_drop_text_varlen_kwargs, with_kwargs=True)
+            setattr(tower, _HOOK_FLAG, True)
+    return model
+
+
+register_packed_attention()

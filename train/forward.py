@@ -1,0 +1,95 @@
+"""One packed forward: a `PackedBatch` through a Hugging Face model, samples kept apart.
+
+The call is what FIELD-NOTES "Packed attention" says transformers 5.x needs, and no more::
+
+    model(input_ids [1, T], position_ids [4, 1, T] (VL) or [1, T],
+          attention_mask=None, use_cache=False,          # a cache or a mask breaks packing
+          cu_seq_lens_q=cu_seq_lens_k=cu_seqlens_padded,   # int32 [S+1] slot offsets
+          max_length_q=max_length_k=max_seqlen,
+          pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+          second_per_grid_ts, mm_token_type_ids)            # only those the model accepts
+
+The boundaries are the *slots* (``cu_seqlens_padded``): a pad token sits at the end of its
+slot, attends only to its own sample (causally, so no real token sees it) and has label
+-100, so real tokens compute exactly what the sample alone would. Positions are passed, so
+the model never runs its whole-row rope index. Text-only causal LMs get no media keywords
+and the text row of the positions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+from train.attention import PackedAttentionError, prepare_model_for_packing
+from train.batch import PackedBatch
+
+MEDIA_FIELDS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "mm_token_type_ids",
+)
+
+
+@lru_cache(maxsize=32)
+def _forward_parameters(model_type: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_type.forward).parameters)
+
+
+def _check_layout(batch: PackedBatch) -> None:
+    """The slot offsets must tile the row, or a kernel would read past it (one host sync)."""
+    cu = batch.cu_seqlens_padded.detach().to("cpu", torch.int64)
+    lengths = cu.diff()
+    if int(cu[0]) != 0 or int(cu[-1]) != batch.num_tokens or bool((lengths < 0).any()):
+        raise PackedAttentionError(
+            f"packs {batch.pack_keys}: cu_seqlens_padded {cu.tolist()} does not tile a row of {batch.num_tokens} tokens"
+        )
+    if int(lengths.max()) > batch.max_seqlen:
+        raise PackedAttentionError(f"packs {batch.pack_keys}: max_seqlen {batch.max_seqlen} < longest slot")
+
+
+def packed_inputs(model: nn.Module, batch: PackedBatch) -> dict[str, object]:
+    """The keyword arguments of the packed call for ``model`` (see the module docstring)."""
+    accepted = _forward_parameters(type(model))
+    cu = batch.cu_seqlens_padded.to(device=batch.input_ids.device, dtype=torch.int32)
+    position_ids = batch.position_ids
+    if position_ids.dim() == 3 and "pixel_values" not in accepted:
+        position_ids = position_ids[0]  # a text-only model rotates with the text row
+    inputs: dict[str, object] = {
+        "input_ids": batch.input_ids,
+        "position_ids": position_ids,
+        "attention_mask": None,
+        "use_cache": False,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": int(batch.max_seqlen),
+        "max_length_k": int(batch.max_seqlen),
+    }
+    for name in MEDIA_FIELDS:
+        value = getattr(batch, name)
+        if value is None:
+            continue
+        if name in accepted:
+            inputs[name] = value
+        elif name != "mm_token_type_ids":
+            raise TypeError(f"{type(model).__name__} takes no {name}, but packs {batch.pack_keys} carry media")
+    return inputs
+
+
+def packed_forward(model: nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """Logits ``[1, T, V]`` of a packed micro-batch, each sample attending only to itself.
+
+    Args:
+        model: A transformers causal LM or image-text-to-text model whose attention
+            implementation consumes varlen boundaries ("packvlm_varlen" or "flash_attention_2").
+        batch: The micro-batch, already on the model's device.
+    """
+    prepare_model_for_packing(model)
+    _check_layout(batch)
+    return model(**packed_inputs(model, batch)).logits

@@ -1,0 +1,84 @@
+"""Load the model `train hf` trains: a Hugging Face directory with weights, or a config alone.
+
+    DIR/config.json + model*.safetensors | pytorch_model*.bin   -> from_pretrained (the weights)
+    DIR/config.json only                                         -> from_config, random init
+
+A config-only directory is how tests and the quickstart train without downloading anything
+(``prep example OUT`` writes one to ``OUT/model``). Its initialisation depends only on the
+config and ``seed``: the global RNG is seeded inside a forked RNG state, so the same
+directory and seed give bit-identical weights whatever the caller drew before, and the
+caller's RNG stream is left as it was.
+
+The class is ``AutoModelForImageTextToText`` when the config is a vision-language one,
+``AutoModelForCausalLM`` otherwise (text-only). The returned model is ready for packed rows
+(`train.attention.prepare_model_for_packing`) and uses ``attn_implementation``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+from train.attention import prepare_model_for_packing, register_packed_attention
+
+log = logging.getLogger(__name__)
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+class ModelLoadError(RuntimeError):
+    """The model directory cannot give a model; the message says what to fix."""
+
+
+def has_weights(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` holds weights that ``from_pretrained`` would load."""
+    return any((Path(model_dir) / name).is_file() for name in WEIGHT_FILES)
+
+
+def _auto_class(config: object) -> type:
+    if type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def load_model(
+    model_dir: str | Path,
+    *,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str,
+    device: torch.device | str = "cpu",
+) -> PreTrainedModel:
+    """A model from ``model_dir`` on ``device``, weights loaded or initialised from ``seed``.
+
+    Args:
+        model_dir: Local Hugging Face model directory (``config.json`` required).
+        seed: Seed of the random initialisation (config-only directories).
+        dtype: Parameter dtype (fp32 master weights; the loop autocasts on GPU).
+        attn_implementation: e.g. ``train.attention.select_attention(device)``.
+        device: Where the parameters go.
+    """
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ModelLoadError(f"{model_dir}: no config.json; pass a Hugging Face model directory to --model")
+    register_packed_attention()
+    config = AutoConfig.from_pretrained(str(model_dir))
+    auto_class = _auto_class(config)
+    if has_weights(model_dir):
+        log.info("loading %s weights from %s", type(config).__name__, model_dir)
+        model = auto_class.from_pretrained(str(model_dir), dtype=dtype, attn_implementation=attn_implementation)
+    else:
+        log.info("no weights in %s: random init of %s with seed %d", model_dir, type(config).__name__, seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = auto_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    return prepare_model_for_packing(model.to(device))
