@@ -1,0 +1,182 @@
+"""Test helpers for packed-vs-alone checks: tiny models, real-processor samples, packs, truths.
+
+The truth is independent of the packing code: each conversation goes through the *real*
+processor alone (``processor(text=..., images=...)``: input ids, ``mm_token_type_ids``, pixel
+values, grids) and through the model alone with transformers' stock attention ("sdpa"),
+``attention_mask=None`` and ``use_cache=False``, the model computing its own rope index. The
+pack is built from the same processor outputs and the same encoded image bytes, as
+`prep pack` would store them, and goes through the code under test (`PackEncoder`,
+`packed_forward`, `token_loss_sum`).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import PreTrainedModel
+from transformers.image_utils import load_image
+
+from prep.energon.cooker import PackedMediaItem, PackedSample
+from prep.example.media import make_image_bytes
+from prep.example.model import write_tiny_model
+from prep.example.processors import build_processor_dir
+from train.batch import IGNORE_INDEX
+from train.loss import per_token_losses, token_loss_sum
+from train.models import load_model
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+REFERENCE_ATTENTION = "sdpa"  # transformers' stock attention: one sample, no packing involved
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One user turn (images first, then text) and the assistant reply the loss is taken on."""
+
+    image_sizes: tuple[tuple[int, int], ...]
+    question: str
+    answer: str
+
+    def image_bytes(self) -> list[bytes]:
+        return [make_image_bytes(w, h, seed=10 * w + h) for w, h in self.image_sizes]
+
+
+#: text-only, one image, two images of different shapes, text-only (a sample may end on text)
+CONVERSATIONS = (
+    Conversation((), "Hello there, how are you today?", "Fine, thanks for asking."),
+    Conversation(((56, 56),), "What is in the picture?", "A pattern of colours."),
+    Conversation(((112, 84), (84, 56)), "Compare these two images.", "The first one is wider than the second."),
+    Conversation((), "Count to three.", "One, two, three."),
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the real processor returns for one conversation, plus its loss mask."""
+
+    conversation: Conversation
+    inputs: dict[str, torch.Tensor]  # input_ids [1, L], mm_token_type_ids, pixel_values, image_grid_thw
+    loss_mask: torch.Tensor  # uint8 [L]: 1 on the assistant reply (everything after the prompt)
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.inputs["input_ids"]
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """Unshifted labels [1, L]: the ids where the loss mask is 1, else IGNORE_INDEX."""
+        return torch.where(self.loss_mask.bool()[None], self.input_ids, IGNORE_INDEX)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    processor_dir: Path
+    model_dir: Path
+
+
+def make_family(name: str, root: Path) -> Family:
+    """Processor directory and config-only tiny model directory of ``name`` under ``root``."""
+    processor_dir = build_processor_dir(root / "processor", name)
+    return Family(name, processor_dir, write_tiny_model(root / "model", name, processor_dir))
+
+
+def tiny_model(family: Family, attn_implementation: str = "packvlm_varlen", seed: int = 0) -> PreTrainedModel:
+    """The tiny random model in train mode (dropout is 0 in these configs)."""
+    model = load_model(family.model_dir, seed=seed, attn_implementation=attn_implementation)
+    return model.train()
+
+
+def process(processor: object, conversation: Conversation) -> Sample:
+    """Run the real processor on one conversation (images decoded as transformers loads them)."""
+    content = [{"type": "image"}] * len(conversation.image_sizes) + [{"type": "text", "text": conversation.question}]
+    user = [{"role": "user", "content": content}]
+    reply = [{"role": "assistant", "content": [{"type": "text", "text": conversation.answer}]}]
+    images = [load_image(Image.open(io.BytesIO(data))) for data in conversation.image_bytes()]
+    kwargs = {"images": images} if images else {}
+    full = processor(text=[processor.apply_chat_template(user + reply, tokenize=False)], return_tensors="pt", **kwargs)
+    prompt_text = processor.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    prompt = processor(text=[prompt_text], return_tensors="pt", **kwargs)
+    num_prompt = prompt["input_ids"].shape[1]
+    if not torch.equal(full["input_ids"][0, :num_prompt], prompt["input_ids"][0]):
+        raise AssertionError("the prompt is not a prefix of the conversation; the loss mask would be wrong")
+    loss_mask = torch.zeros(full["input_ids"].shape[1], dtype=torch.uint8)
+    loss_mask[num_prompt:] = 1
+    keys = ("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw")
+    return Sample(conversation, {k: full[k] for k in keys if k in full}, loss_mask)
+
+
+def pack_samples(samples: list[Sample], *, pad_to_multiple_of: int = 1, key: str = "pack-00000000") -> PackedSample:
+    """The `PackedSample` the cooker would give for these samples (what `prep pack` stores)."""
+    lengths = [s.input_ids.shape[1] for s in samples]
+    slots = [-(-n // pad_to_multiple_of) * pad_to_multiple_of for n in lengths]
+    media = []
+    for index, sample in enumerate(samples):
+        grids = sample.inputs.get("image_grid_thw")
+        for k, data in enumerate(sample.conversation.image_bytes()):
+            grid = tuple(int(x) for x in grids[k])
+            member = f"s{index}.img{k}.jpg"
+            media.append(
+                PackedMediaItem(kind="image", data=data, sample=index, grid_thw=grid, frame_indices=(), member=member)
+            )
+    return PackedSample(
+        __key__=key,
+        __restore_key__=(),
+        input_ids=np.concatenate([s.input_ids[0].numpy() for s in samples]).astype(np.int32),
+        loss_mask=np.concatenate([s.loss_mask.numpy() for s in samples]).astype(np.uint8),
+        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+        cu_seqlens_padded=np.concatenate([[0], np.cumsum(slots)]).astype(np.int32),
+        sample_ids=[f"sample-{i}" for i in range(len(samples))],
+        media=media,
+        pack_size=int(sum(slots)),
+    )
+
+
+@dataclass(frozen=True)
+class Truth:
+    """Each sample alone: per-token losses [L-1] and the sum of the summed-loss gradients."""
+
+    losses: list[torch.Tensor]
+    grads: dict[str, torch.Tensor]
+
+
+def grads_of(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def reference(model: PreTrainedModel, samples: list[Sample]) -> Truth:
+    """Run every sample alone through ``model`` with stock attention (see module docstring)."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(REFERENCE_ATTENTION)
+    losses, grads = [], {}
+    try:
+        for sample in samples:
+            model.zero_grad(set_to_none=True)
+            logits = model(**sample.inputs, attention_mask=None, use_cache=False).logits
+            losses.append(per_token_losses(logits, sample.labels)[0].detach())
+            token_loss_sum(logits, sample.labels)[0].backward()
+            for name, grad in grads_of(model).items():
+                grads[name] = grads[name] + grad if name in grads else grad
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.set_attn_implementation(previous)
+    return Truth(losses, grads)
+
+
+def scatter_truth(truth: Truth, cu_seqlens_padded: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The per-token loss row [T-1] a correct packed forward must give: each sample's own
+    losses in its slot, 0 where the target is a pad or the next sample's (masked) first token."""
+    row = torch.zeros(num_tokens - 1)
+    for start, losses in zip(cu_seqlens_padded[:-1].tolist(), truth.losses):
+        row[start : start + losses.numel()] = losses
+    return row
+
+
+def max_grad_diff(packed: dict[str, torch.Tensor], truth: dict[str, torch.Tensor]) -> float:
+    if packed.keys() != truth.keys():
+        raise AssertionError(f"parameters with gradients differ: {sorted(packed.keys() ^ truth.keys())}")
+    return max(float((packed[n] - truth[n]).abs().max()) for n in truth)
