@@ -1,0 +1,44 @@
+"""The Megatron side of `train`: a `PackedBatch` in Megatron-LM's / Megatron-Bridge's terms.
+
+Importable pieces for people who already run Megatron-LM or Megatron-Bridge, in call order:
+
+- `packed_seq_params(batch)`: the THD boundaries as megatron-core's ``PackedSeqParams``
+  (``train.megatron.params``);
+- `get_batch(batch, device)`: tokens, pre-shifted labels, float loss mask, ``None``
+  attention mask, per-sample position ids and the packed-sequence params
+  (``train.megatron.step``);
+- `forward_step(data_iterator, model)` / `loss_func(loss_mask, output_tensor)`: shaped like
+  Megatron-LM's ``pretrain_gpt.py`` pair (loss summed over tokens, token count returned).
+
+`train megatron` (``train.megatron.cli.megatron_command``) runs them on a megatron-core
+``GPTModel`` with the Transformer Engine layer spec. Nothing here imports megatron-core or
+Transformer Engine at module import: the package imports on any machine, and only the calls
+that need them say what to install.
+"""
+
+from __future__ import annotations
+
+from train.megatron.params import (
+    ContextParallelPaddingError,
+    MegatronNotInstalledError,
+    PackedSeqFields,
+    check_context_parallel,
+    packed_seq_fields,
+    packed_seq_params,
+)
+from train.megatron.step import MegatronBatch, forward_step, get_batch, loss_func, mrope_position_ids, shift_labels
+
+__all__ = [
+    "ContextParallelPaddingError",
+    "MegatronBatch",
+    "MegatronNotInstalledError",
+    "PackedSeqFields",
+    "check_context_parallel",
+    "forward_step",
+    "get_batch",
+    "loss_func",
+    "mrope_position_ids",
+    "packed_seq_fields",
+    "packed_seq_params",
+    "shift_labels",
+]

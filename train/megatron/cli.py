@@ -1,0 +1,71 @@
+"""`train megatron`: flags -> MegatronTrainConfig -> train.megatron.loop.run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from train.megatron.params import ContextParallelPaddingError, MegatronNotInstalledError
+
+
+@click.command("megatron")
+@click.option(
+    "--data",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="`prep pack` output indexed by `prep energon-index`.",
+)
+@click.option(
+    "--processor",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The HF processor the data was tokenized with (its tokenizer sets the vocabulary size).",
+)
+@click.option("--output", required=True, type=click.Path(path_type=Path), help="Run directory (metrics, model.pt).")
+@click.option(
+    "--model-config",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="HF model directory (config.json) the loader reads for Qwen-VL rope indices (default: --processor).",
+)
+@click.option("--num-layers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--hidden-size", type=click.IntRange(min=8), default=256, show_default=True)
+@click.option("--num-attention-heads", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--max-steps", required=True, type=click.IntRange(min=1), help="Optimizer steps.")
+@click.option("--lr", type=float, default=1e-4, show_default=True, help="AdamW learning rate.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Model init and loader shuffle seed.")
+@click.option(
+    "--packs-per-microbatch", type=click.IntRange(min=1), default=1, show_default=True, help="Packs per THD row."
+)
+@click.option(
+    "--grad-accum", type=click.IntRange(min=1), default=1, show_default=True, help="Micro-batches per step and rank."
+)
+@click.option(
+    "--ignore-media",
+    is_flag=True,
+    help="Train on packs with images/videos as text (placeholder tokens embedded like any token).",
+)
+@click.option("--num-workers", type=click.IntRange(min=0), default=2, show_default=True, help="Loader workers.")
+def megatron_command(**options: object) -> None:
+    """Train a megatron-core GPT model (Transformer Engine spec) on the packed THD micro-batches.
+
+    Text only: the language model sees the packed tokens; the VLM vision encoder is not built
+    on the Megatron side, so packs holding images or videos are refused unless --ignore-media.
+    Needs a CUDA GPU, megatron-core and Transformer Engine (pip install 'packvlm[megatron]'
+    plus transformer_engine[pytorch]); without them it stops at once and says what to
+    install. Alone or under torchrun: tensor/pipeline parallel 1, data parallel = GPUs.
+    """
+    from train.dataset import TrainConfigError
+    from train.megatron.loop import MediaInPackError, MegatronRunConflict, MegatronTrainConfig, run
+
+    try:
+        run(MegatronTrainConfig(**options))  # type: ignore[arg-type]
+    except (
+        MegatronNotInstalledError,
+        TrainConfigError,
+        MediaInPackError,
+        MegatronRunConflict,
+        ContextParallelPaddingError,
+    ) as err:
+        raise click.ClickException(str(err)) from err

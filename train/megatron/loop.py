@@ -1,0 +1,245 @@
+"""`train megatron`: packed THD micro-batches through a megatron-core GPT model, read top to bottom.
+
+One process per GPU, alone or under ``torchrun`` (tensor and pipeline parallel size 1, data
+parallel = world size). Each optimizer step takes ``grad_accum`` micro-batches per rank from
+the Energon loader, runs `train.megatron.step.forward_step` on each (Megatron-LM's step:
+pre-shifted labels, loss mask, ``PackedSeqParams``), back-propagates the **summed** token
+loss, then - as megatron-core does with ``calculate_per_token_loss`` - sums gradients and
+token counts over ranks and divides the gradients by the label tokens of the whole global
+batch. AdamW, gradient clipping, bf16 autocast over fp32 weights.
+
+Text only: the model is a language model over the packed tokens; the VLM vision encoder is
+not built on the Megatron side. Packs holding images or videos are refused (naming the pack)
+unless ``ignore_media`` is set, in which case their placeholder tokens are trained on as
+ordinary tokens and the pixels are ignored.
+
+What a run leaves: ``OUT/_run.json`` (options), ``OUT/metrics.jsonl`` (one
+`train.metrics.StepMetrics` line per step, as `train hf` writes) and ``OUT/model.pt`` (the
+final ``state_dict`` of the megatron-core model, rank 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from prep.outputs import claim_output_dir
+from prep.tokenize.processor import load_processor
+from schemas.train import METRICS_FILE
+from train.batch import PackedBatch
+from train.dataset import open_packed_dataset
+from train.distributed import DistContext, all_reduce_sum, gather_objects, init_distributed
+from train.megatron.model import GPTConfig, build_gpt_model, require_megatron_gpu
+from train.megatron.step import forward_step
+from train.metrics import MetricsWriter, StepMetrics
+
+log = logging.getLogger(__name__)
+MODEL_FILE = "model.pt"
+
+
+class MediaInPackError(ValueError):
+    """A micro-batch holds images or videos, which the text-only Megatron path cannot encode."""
+
+
+class MegatronRunConflict(ValueError):
+    """OUT already holds a run."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MegatronTrainConfig:
+    """Every option of `train megatron`; the click flags take their defaults from here."""
+
+    data: Path
+    processor: Path
+    output: Path
+    max_steps: int
+    num_layers: int = 2
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    lr: float = 1e-4
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    packs_per_microbatch: int = 1
+    grad_accum: int = 1
+    ignore_media: bool = False
+    model_config: Path | None = None  # HF config dir for the loader's Qwen-VL rope index
+    num_workers: int = 2
+    shuffle_buffer_size: int = 100
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def run(config: MegatronTrainConfig) -> list[StepMetrics]:
+    """Train for ``config.max_steps`` steps; returns this process's `StepMetrics`.
+
+    Raises:
+        MegatronNotInstalledError: no CUDA, megatron-core or Transformer Engine (checked first).
+    """
+    require_megatron_gpu()
+    from megatron.core import parallel_state, tensor_parallel
+
+    ctx = init_distributed("cuda")
+    torch.cuda.set_device(ctx.device)
+    if not dist.is_initialized():  # a single process: megatron's parallel state needs a group
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    try:
+        tensor_parallel.model_parallel_cuda_manual_seed(config.seed)
+        torch.manual_seed(config.seed)
+        return _train(config, ctx)
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
+    bundle = load_processor(str(config.processor))
+    info = open_packed_dataset(
+        config.data,
+        processor_class=bundle.processor_class,
+        min_packs=ctx.world_size * max(1, config.num_workers),
+    )
+    if (config.output / METRICS_FILE).exists():
+        raise MegatronRunConflict(f"{config.output} already holds a `train megatron` run; use a new --output")
+    if ctx.is_main:
+        claim_output_dir(config.output, config.fingerprint(), (), "train megatron", MegatronRunConflict)
+    model = build_gpt_model(
+        GPTConfig(
+            vocab_size=len(bundle.tokenizer),
+            max_sequence_length=info.pack_size * config.packs_per_microbatch,
+            num_layers=config.num_layers,
+            hidden_size=config.hidden_size,
+            num_attention_heads=config.num_attention_heads,
+        )
+    )
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
+    log.info(
+        "train megatron: %s (%d packs of %d tokens) on %d GPU(s), GPT %d layers x %d hidden, %s parameters",
+        info.path,
+        info.num_packs,
+        info.pack_size,
+        ctx.world_size,
+        config.num_layers,
+        config.hidden_size,
+        f"{sum(p.numel() for p in model.parameters()):,}",
+    )
+    batches = _batches(config, ctx)
+    writer = MetricsWriter(config.output / METRICS_FILE)
+    history = []
+    for step in range(1, config.max_steps + 1):
+        micro = [next(batches) for _ in range(config.grad_accum)]
+        metrics = _step(model, optimizer, micro, config, ctx, step)
+        history.append(metrics)
+        if ctx.is_main:
+            writer.write(metrics)
+            log.info(metrics.log_line(config.max_steps))
+    if ctx.is_main:
+        torch.save(model.state_dict(), config.output / MODEL_FILE)
+    return history
+
+
+def _batches(config: MegatronTrainConfig, ctx: DistContext) -> Iterator[PackedBatch]:
+    """This rank's micro-batches from the Energon loader; media refused unless ``ignore_media``."""
+    from train.loader import LoaderConfig, make_loader
+
+    loader = make_loader(
+        LoaderConfig(
+            data=config.data,
+            processor=str(config.processor),
+            model=str(config.model_config or config.processor),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            num_workers=config.num_workers,
+            packs_per_microbatch=config.packs_per_microbatch,
+            seed=config.seed,
+            shuffle_buffer_size=config.shuffle_buffer_size,
+        )
+    )
+    for batch in loader:
+        if batch.num_media and not config.ignore_media:
+            raise MediaInPackError(
+                f"packs {', '.join(batch.pack_keys)} hold {batch.num_media} images/videos, but `train megatron` "
+                "trains the language model only (no vision encoder on the Megatron side). Pass --ignore-media to "
+                "train on their tokens as text, pack text-only data, or use `train hf` for the full VLM."
+            )
+        yield batch
+
+
+def _step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro: list[PackedBatch],
+    config: MegatronTrainConfig,
+    ctx: DistContext,
+    step: int,
+) -> StepMetrics:
+    """One optimizer step: summed losses back-propagated, gradients / global label tokens."""
+    started = time.perf_counter()
+    loss_sum = torch.zeros((), dtype=torch.float32, device=ctx.device)
+    local_tokens = 0
+    for batch in micro:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            output, loss_fn = forward_step(iter([batch]), model)
+        loss, num_tokens, _ = loss_fn(output)
+        loss.backward()
+        loss_sum += loss.detach()
+        local_tokens += int(num_tokens)
+    global_tokens = all_reduce_sum(local_tokens, ctx)
+    _finalize_grads(model, ctx, max(global_tokens, 1.0))
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    per_rank = gather_objects(
+        (
+            [key for b in micro for key in b.pack_keys],
+            sum(b.num_media for b in micro),
+            sum(b.num_vision_patches for b in micro),
+        ),
+        ctx,
+    )
+    num_tokens = all_reduce_sum(sum(b.num_tokens for b in micro), ctx)
+    elapsed = max(time.perf_counter() - started, 1e-9)
+    return StepMetrics(
+        step=step,
+        loss=all_reduce_sum(float(loss_sum), ctx) / max(global_tokens, 1.0),
+        num_label_tokens=int(global_tokens),
+        num_tokens=int(num_tokens),
+        num_real_tokens=int(all_reduce_sum(sum(b.num_real_tokens for b in micro), ctx)),
+        lr=config.lr,
+        grad_norm=float(grad_norm),
+        tokens_per_s=num_tokens / elapsed,
+        pack_keys=[keys for keys, _, _ in per_rank],
+        media=[media for _, media, _ in per_rank],
+        vision_patches=[patches for _, _, patches in per_rank],
+    )
+
+
+def _finalize_grads(model: torch.nn.Module, ctx: DistContext, global_tokens: float) -> None:
+    """Sum gradients over ranks (one flat all-reduce) and divide by the global label tokens."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = _flatten_dense_tensors(grads)
+    if ctx.is_distributed:
+        dist.all_reduce(flat)
+    flat.div_(global_tokens)
+    for param, synced in zip(params, _unflatten_dense_tensors(flat, grads)):
+        param.grad = synced
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
