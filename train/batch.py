@@ -34,6 +34,7 @@ them for one sample, stacked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -111,3 +112,48 @@ class PackedBatch:
             value = getattr(self, name)
             moved[name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
         return PackedBatch(**moved)
+
+
+def _cat_optional(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    present = [t for t in tensors if t is not None]
+    return torch.cat(present) if present else None
+
+
+def concat_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
+    """k packs -> one THD row (``--packs-per-microbatch k``); pure.
+
+    Token tensors are joined along the row; ``cu_seqlens`` continue from the previous packs'
+    real-token total and ``cu_seqlens_padded`` from their row length, so sample boundaries stay
+    exact; media are joined in order (token order is preserved because packs are). Example,
+    packs with ``cu_seqlens_padded`` [0 4 8] and [0 3]: the row has ``cu_seqlens_padded``
+    [0 4 8 11].
+    """
+    if not batches:
+        raise ValueError("concat_batches needs at least one batch")
+    if len(batches) == 1:
+        return batches[0]
+    if len({b.position_ids.dim() for b in batches}) != 1:
+        raise ValueError("cannot concatenate text-only [1, T] and multimodal [4, 1, T] position_ids")
+    real, padded = [batches[0].cu_seqlens], [batches[0].cu_seqlens_padded]
+    real_offset, row_offset = int(batches[0].cu_seqlens[-1]), batches[0].num_tokens
+    for b in batches[1:]:
+        real.append(b.cu_seqlens[1:] + real_offset)
+        padded.append(b.cu_seqlens_padded[1:] + row_offset)
+        real_offset += int(b.cu_seqlens[-1])
+        row_offset += b.num_tokens
+    return PackedBatch(
+        input_ids=torch.cat([b.input_ids for b in batches], dim=-1),
+        labels=torch.cat([b.labels for b in batches], dim=-1),
+        position_ids=torch.cat([b.position_ids for b in batches], dim=-1),
+        cu_seqlens=torch.cat(real),
+        cu_seqlens_padded=torch.cat(padded),
+        max_seqlen=max(b.max_seqlen for b in batches),
+        mm_token_type_ids=torch.cat([b.mm_token_type_ids for b in batches], dim=-1),
+        pixel_values=_cat_optional([b.pixel_values for b in batches]),
+        image_grid_thw=_cat_optional([b.image_grid_thw for b in batches]),
+        pixel_values_videos=_cat_optional([b.pixel_values_videos for b in batches]),
+        video_grid_thw=_cat_optional([b.video_grid_thw for b in batches]),
+        second_per_grid_ts=_cat_optional([b.second_per_grid_ts for b in batches]),
+        pack_keys=tuple(k for b in batches for k in b.pack_keys),
+        sample_ids=tuple(s for b in batches for s in b.sample_ids),
+    )

@@ -1,0 +1,177 @@
+"""Open a `prep pack` + `prep energon-index` directory for training, or say what to fix.
+
+Checks, in the order a user would fix them: the path exists; it holds a pack ``manifest.json``;
+the shards the manifest lists are there; ``prep energon-index`` ran (``.nv-meta`` with
+``dataset.yaml``, ``split.yaml``, ``.info.json`` and a ``.tar.idx`` per shard); the pack
+format version (``dataset.yaml`` subflavors and the first pack's json) is the one this code
+reads; the processor class the shards were tokenized with (read from the tokenized
+directories the pack manifest lists) equals the processor given for training; the train
+split holds at least one pack per data-parallel worker.
+
+Example::
+
+    info = open_packed_dataset("./example-out/packed", processor_class="Qwen2VLProcessor")
+    info.num_packs, info.pack_size  # (11, 1024)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from prep.energon.index import DATASET_YAML, META_DIR, EnergonIndexError, packed_shards, read_index
+from schemas.layout import MANIFEST_FILE
+from schemas.manifest import file_sha256, read_manifest
+from schemas.packed import META_MEMBER, PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
+INFO_JSON = ".info.json"
+SPLIT_YAML = "split.yaml"
+
+
+class TrainConfigError(ValueError):
+    """A training input is unusable; the message says what to run or change."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackedDatasetInfo:
+    """What training needs to know about a packed dataset, validated."""
+
+    path: Path
+    pack_size: int
+    pad_to_multiple_of: int
+    num_packs: int  # in the split opened
+    num_shards: int  # in the split opened
+    split: str
+    processor_class: str | None  # None when the tokenized manifests are not reachable here
+    tokenized_inputs: tuple[str, ...]
+
+
+def _manifest(root: Path) -> tuple[dict, list[str]]:
+    if not root.exists():
+        raise TrainConfigError(f"--data {root}: does not exist")
+    if not (root / MANIFEST_FILE).is_file():
+        raise TrainConfigError(
+            f"--data {root}: no {MANIFEST_FILE}; not a `prep pack` output: run `prep pack TOKENIZED --output {root} "
+            "--pack-size N` then `prep energon-index` on it"
+        )
+    try:
+        return packed_shards(root)
+    except EnergonIndexError as exc:
+        raise TrainConfigError(f"--data {root}: {exc}") from exc
+    except ValueError as exc:  # read_manifest: wrong stage or schema
+        raise TrainConfigError(f"--data {root}: {exc}; point --data at a `prep pack` output") from exc
+
+
+def _check_index(root: Path, shards: list[str]) -> None:
+    meta = root / META_DIR
+    fix = f"run `prep energon-index {root}`"
+    if not meta.is_dir():
+        raise TrainConfigError(f"--data {root}: no {META_DIR}/ (not indexed for Energon): {fix}")
+    missing = [name for name in (DATASET_YAML, SPLIT_YAML, INFO_JSON) if not (meta / name).is_file()]
+    missing += [f"{s}.idx" for s in shards if not (root / f"{s}.idx").is_file()]
+    if missing:
+        raise TrainConfigError(f"--data {root}: index files {missing[:5]} missing: {fix}")
+
+
+def _check_format(root: Path, first_shard: str) -> None:
+    definition = yaml.safe_load((root / META_DIR / DATASET_YAML).read_text(encoding="utf-8")) or {}
+    sub = definition.get("subflavors") or {}
+    fix = "re-run `prep pack` and `prep energon-index` with this packvlm version"
+    if any(sub.get(k) != v for k, v in PACK_SUBFLAVORS.items()):
+        raise TrainConfigError(f"--data {root}: {DATASET_YAML} subflavors {sub} are not a packvlm pack dataset: {fix}")
+    if sub.get("format_version") != PACKED_SCHEMA_VERSION:
+        raise TrainConfigError(
+            f"--data {root}: pack format version {sub.get('format_version')} in {DATASET_YAML}, this code reads "
+            f"{PACKED_SCHEMA_VERSION}: {fix}"
+        )
+    with tarfile.open(root / first_shard, "r:") as tar:
+        member = next((m for m in tar if m.name.endswith(f".{META_MEMBER}")), None)
+        version = json.load(tar.extractfile(member)).get("version") if member else None
+    if version != PACKED_SCHEMA_VERSION:
+        raise TrainConfigError(
+            f"--data {root}: pack json version {version} in {first_shard}, this code reads "
+            f"{PACKED_SCHEMA_VERSION}: {fix}"
+        )
+
+
+def _processor_class(processor: str) -> str:
+    from prep.tokenize.processor import ProcessorLoadError, load_processor
+
+    try:
+        return load_processor(str(processor)).processor_class
+    except (ProcessorLoadError, OSError) as exc:
+        raise TrainConfigError(f"--processor {processor}: cannot be loaded ({exc})") from exc
+
+
+def tokenized_processor_class(manifest: dict) -> str | None:
+    """The processor class the pack's inputs were tokenized with (None if unreachable here)."""
+    classes = set()
+    for item in manifest.get("inputs", []):
+        path = Path(item["path"]) / MANIFEST_FILE
+        if not path.is_file():
+            log.warning("tokenized manifest %s not found: cannot check the processor class", path)
+            return None
+        if item.get("manifest_sha256") and file_sha256(path) != item["manifest_sha256"]:
+            log.warning("%s changed since `prep pack` ran: cannot check the processor class", path)
+            return None
+        classes.add(read_manifest(path, stage="tokenize")["processor"]["class"])
+    if len(classes) > 1:
+        raise TrainConfigError(f"the pack inputs were tokenized with different processors {sorted(classes)}")
+    return classes.pop() if classes else None
+
+
+def open_packed_dataset(
+    path: str | Path,
+    processor: str | None = None,
+    *,
+    processor_class: str | None = None,
+    split: str = "train",
+    min_packs: int = 1,
+) -> PackedDatasetInfo:
+    """Validate a packed dataset before training; raise `TrainConfigError` naming the fix.
+
+    Args:
+        path: The `prep pack` output directory (indexed by `prep energon-index`).
+        processor: Processor directory / hub id training will use; its class is compared with
+            the one the data was tokenized with.
+        processor_class: That class name directly, instead of ``processor``; both None skip the check.
+        split: Energon split part to count.
+        min_packs: Packs the split must hold at least (data-parallel ranks x loader workers).
+    """
+    root = Path(path).resolve()
+    if processor is not None and processor_class is None:
+        processor_class = _processor_class(processor)
+    manifest, shards = _manifest(root)
+    _check_index(root, shards)
+    _check_format(root, shards[0])
+    tokenized_class = tokenized_processor_class(manifest)
+    if processor_class is not None and tokenized_class is not None and processor_class != tokenized_class:
+        raise TrainConfigError(
+            f"--processor is a {processor_class} but {root} was tokenized with a {tokenized_class}: train with the "
+            "processor the data was tokenized with, or re-run `prep tokenize` and `prep pack` with yours"
+        )
+    index = read_index(root)
+    parts = index.splits.get(split) or []
+    num_packs = sum(index.shard_counts.get(p, 0) for p in parts)
+    if num_packs < max(1, min_packs):
+        raise TrainConfigError(
+            f"--data {root}: split {split!r} holds {num_packs} packs but {max(1, min_packs)} data-parallel workers "
+            "(ranks x loader workers) each need one: use fewer ranks/workers, or re-index with more packs in "
+            f"{split!r} (`prep energon-index {root} --split-ratio 1,0,0`)"
+        )
+    return PackedDatasetInfo(
+        path=root,
+        pack_size=int(manifest["config"]["pack_size"]),
+        pad_to_multiple_of=int(manifest["config"].get("pad_to_multiple_of", 1)),
+        num_packs=num_packs,
+        num_shards=len(parts),
+        split=split,
+        processor_class=tokenized_class,
+        tokenized_inputs=tuple(str(i["path"]) for i in manifest.get("inputs", [])),
+    )

@@ -1,0 +1,168 @@
+"""Energon TaskEncoder: a cooked pack -> one `PackedBatch`; k packs -> one THD micro-batch.
+
+Hooks in Energon's call order (all stateless, so a restored loader replays them exactly):
+
+1. ``cook_crude_sample`` - the shipped cooker (`prep.energon.cooker.PACK_COOKER`), raw bytes in
+   (``decoder = None``) -> `PackedSample`.
+2. ``encode_sample`` - `PackEncoder.encode`: slot layout, labels, positions, vision tensors.
+3. ``batch`` - `train.batch.concat_batches` over Energon's ``batch_size`` = packs per micro-batch.
+4. ``encode_batch`` - identity.
+
+`PackEncoder` holds a processor bundle and a meta-device model, neither of which should be
+pickled into loader workers: the TaskEncoder keeps only paths/config and builds its
+`PackEncoder` lazily, once per process. Example (the `train.batch` docstring draws the row)::
+
+    pack: input_ids [a0 a1 a2 b0 b1], loss_mask [0 1 1 0 1], cu_seqlens [0 3 5],
+          cu_seqlens_padded [0 4 8]
+    ->    input_ids [a0 a1 a2 PAD b0 b1 PAD PAD], labels [-100 a1 a2 -100 -100 b1 -100 -100]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from megatron.energon import DefaultTaskEncoder, stateless
+from transformers import AutoConfig, PretrainedConfig
+
+from prep.energon.cooker import PACK_COOKER, PackedSample
+from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
+from train.media import MediaProcessor, PackEncodeError, VisionInputs
+from train.rope import RopeIndex, SampleMedia
+
+ModelConfigSource = str | PretrainedConfig  # a model directory (config.json) or a config object
+
+
+def load_model_config(model_config: ModelConfigSource) -> PretrainedConfig:
+    """A config object from a directory / hub id, or the object itself."""
+    if isinstance(model_config, PretrainedConfig):
+        return model_config
+    return AutoConfig.from_pretrained(str(model_config))
+
+
+def slot_layout(pack: PackedSample, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row ids [T] and labels [T] in the slot layout (see module docstring)."""
+    cu, cp = pack.cu_seqlens, pack.cu_seqlens_padded
+    total = int(cp[-1])
+    padded = total != int(cu[-1])
+    if padded and pad_token_id is None:
+        raise PackEncodeError(f"pack {pack.__key__}: slots hold padding but the tokenizer has no pad token")
+    ids = np.full(total, pad_token_id if padded else 0, dtype=np.int64)
+    labels = np.full(total, IGNORE_INDEX, dtype=np.int64)
+    for i in range(len(cu) - 1):
+        src, dst, n = int(cu[i]), int(cp[i]), int(cu[i + 1] - cu[i])
+        ids[dst : dst + n] = pack.input_ids[src : src + n]
+        keep = pack.loss_mask[src : src + n].astype(bool)
+        labels[dst : dst + n] = np.where(keep, ids[dst : dst + n], IGNORE_INDEX)
+        labels[dst] = IGNORE_INDEX  # no sample learns its first token from the previous sample
+    return torch.from_numpy(ids), torch.from_numpy(labels)
+
+
+def per_sample_media(pack: PackedSample, vision: VisionInputs) -> list[SampleMedia]:
+    """Split the pack's grids by sample: row k of ``image_grid_thw`` is the pack's k-th image."""
+    owners = {kind: [m.sample for m in pack.media if m.kind == kind] for kind in ("image", "video")}
+
+    def rows(grids: torch.Tensor | None, kind: str, sample: int) -> torch.Tensor | None:
+        index = [k for k, owner in enumerate(owners[kind]) if owner == sample]
+        return grids[index] if index and grids is not None else None
+
+    return [
+        SampleMedia(
+            image_grid_thw=rows(vision.image_grid_thw, "image", i),
+            video_grid_thw=rows(vision.video_grid_thw, "video", i),
+            second_per_grid_ts=rows(vision.second_per_grid_ts, "video", i),
+        )
+        for i in range(len(pack.cu_seqlens) - 1)
+    ]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackEncoder:
+    """Everything a worker needs to turn packs into micro-batches; `encode` is pure given it."""
+
+    media: MediaProcessor
+    rope: RopeIndex
+    pad_token_id: int | None
+
+    @classmethod
+    def from_pretrained(cls, processor: str, model_config: ModelConfigSource) -> PackEncoder:
+        """Load the processor (as `prep tokenize` does) and the model config once."""
+        from prep.tokenize.processor import load_processor
+
+        bundle = load_processor(str(processor))
+        return cls(
+            media=MediaProcessor.from_bundle(bundle),
+            rope=RopeIndex.from_config(load_model_config(model_config)),
+            pad_token_id=bundle.tokenizer.pad_token_id,
+        )
+
+    def encode(self, pack: PackedSample) -> PackedBatch:
+        """One pack -> one `PackedBatch` (batch size 1, slot layout)."""
+        ids, labels = slot_layout(pack, self.pad_token_id)
+        vision = self.media.process(str(pack.__key__), pack.media, pack.sample_ids)
+        positions = self.rope.positions(
+            ids, pack.cu_seqlens.tolist(), pack.cu_seqlens_padded.tolist(), per_sample_media(pack, vision)
+        )
+        slots = np.diff(pack.cu_seqlens_padded)
+        return PackedBatch(
+            input_ids=ids[None],
+            labels=labels[None],
+            position_ids=positions,
+            cu_seqlens=torch.from_numpy(pack.cu_seqlens.astype(np.int32)),
+            cu_seqlens_padded=torch.from_numpy(pack.cu_seqlens_padded.astype(np.int32)),
+            max_seqlen=int(slots.max()) if slots.size else 0,
+            mm_token_type_ids=self.rope.mm_token_type_ids(ids)[None],
+            pixel_values=vision.pixel_values,
+            image_grid_thw=vision.image_grid_thw,
+            pixel_values_videos=vision.pixel_values_videos,
+            video_grid_thw=vision.video_grid_thw,
+            second_per_grid_ts=vision.second_per_grid_ts,
+            pack_keys=(str(pack.__key__),),
+            sample_ids=tuple(pack.sample_ids),
+        )
+
+
+class PackedBatchTaskEncoder(DefaultTaskEncoder[PackedSample, PackedBatch, PackedBatch, PackedBatch]):
+    """Energon TaskEncoder for `prep pack` datasets yielding `PackedBatch` micro-batches.
+
+    Plug into any Energon loader (``batch_size`` = packs per micro-batch)::
+
+        get_train_dataset(path, batch_size=k, task_encoder=PackedBatchTaskEncoder(processor_dir, model_dir), ...)
+    """
+
+    cookers = [PACK_COOKER]
+    decoder = None  # media stay original bytes; the cooker parses json/npy itself
+    #: a failing pack is a broken plan, not noise: stop at the first (Energon's default skips 99)
+    __default_failure_tolerance__ = 1
+
+    def __init__(self, processor: str, model_config: ModelConfigSource) -> None:
+        super().__init__()
+        self.processor = str(processor)
+        self.model_config = model_config
+        self._encoder: PackEncoder | None = None
+
+    @property
+    def encoder(self) -> PackEncoder:
+        """Built on first use in each process (loader workers included)."""
+        if self._encoder is None:
+            self._encoder = PackEncoder.from_pretrained(self.processor, self.model_config)
+        return self._encoder
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_encoder"] = None  # never ship processors / meta models to workers
+        return state
+
+    @stateless
+    def encode_sample(self, sample: PackedSample) -> PackedBatch:
+        return self.encoder.encode(sample)
+
+    @stateless
+    def batch(self, samples: list[PackedBatch]) -> PackedBatch:
+        return concat_batches(samples)
+
+    @stateless
+    def encode_batch(self, batch: PackedBatch) -> PackedBatch:
+        return batch
