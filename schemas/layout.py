@@ -12,4 +12,6 @@ TMP_PREFIX = ".tmp-"
 def part_name(part_index: int) -> str:
     """File name of one output part; zero-padded so lexical order is part order."""
     return f"part-{part_index:06d}{PART_SUFFIX}"
+
+
 RUN_FILE = "_run.json"  # the options a stage's output depends on (resume check)

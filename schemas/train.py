@@ -8,7 +8,7 @@ Directory (``OUT``)::
     OUT/checkpoints/step-00000010/         written as .tmp-step-00000010 then renamed
         config.json, model.safetensors     ``save_pretrained``: loads in plain transformers
         tokenizer*.json, *config.json, chat_template.jinja   the processor's files
-        trainer_state.pt                   TrainerState.to_dict(): optimizer, scheduler, step, RNG
+        trainer_state.pt                   TrainerState.to_dict(): optimizer, step, RNG
         loader-rank-00000.pt               Energon ``save_state_rank()`` of each data-parallel rank
 
 Example ``metrics.jsonl`` line (one optimizer step over 2 ranks x 2 micro-batches)::

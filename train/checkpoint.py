@@ -1,4 +1,4 @@
-"""Checkpoints that resume exactly: model, optimizer, scheduler, RNG, step and loader state.
+"""Checkpoints that resume exactly: model, optimizer, RNG, step and loader state.
 
 The model and the processor's files go through ``save_pretrained``/file copies so a
 checkpoint loads in plain transformers; everything the loop needs to continue sits beside
@@ -43,8 +43,7 @@ class TrainerState:
 
     step: int
     optimizer: dict[str, Any]
-    scheduler: dict[str, Any]
-    rng: dict[str, Any]
+    rng: dict[str, Any]  # the LR schedule is not saved: it is rebuilt from the step and options
     version: int = TRAIN_LAYOUT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -52,15 +51,16 @@ class TrainerState:
             "version": self.version,
             "step": self.step,
             "optimizer": self.optimizer,
-            "scheduler": self.scheduler,
             "rng": self.rng,
         }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainerState:
         if raw.get("version") != TRAIN_LAYOUT_VERSION:
-            raise CheckpointError(f"trainer state version {raw.get('version')}; this packvlm reads {TRAIN_LAYOUT_VERSION}")
-        return cls(step=raw["step"], optimizer=raw["optimizer"], scheduler=raw["scheduler"], rng=raw["rng"])
+            raise CheckpointError(
+                f"trainer state version {raw.get('version')}; this packvlm reads {TRAIN_LAYOUT_VERSION}"
+            )
+        return cls(step=raw["step"], optimizer=raw["optimizer"], rng=raw["rng"])
 
 
 def rng_state() -> dict[str, Any]:

@@ -15,10 +15,11 @@ from train.checkpoint import CheckpointError
 from train.dataset import TrainConfigError
 from train.distributed import DeviceUnavailableError
 from train.loops.hf import HFTrainConfig, TrainRunConflict, run
-from train.media import GridMismatchError, VideoProcessorUnavailable
+from train.media import PackEncodeError
+from train.models import ModelLoadError
 
-USAGE_ERRORS = (TrainConfigError, TrainRunConflict, DeviceUnavailableError, CheckpointError)
-RUN_FAILURES = (GridMismatchError, VideoProcessorUnavailable)
+USAGE_ERRORS = (TrainConfigError, TrainRunConflict, DeviceUnavailableError, CheckpointError, ModelLoadError)
+RUN_FAILURES = (PackEncodeError,)
 
 
 class TrainGroup(click.Group):
@@ -71,24 +72,49 @@ _PATH = click.Path(path_type=Path)
 )
 @click.option("--max-grad-norm", type=float, default=_default("max_grad_norm"), show_default=True)
 @click.option(
-    "--grad-accum", type=click.IntRange(min=1), default=_default("grad_accum"), show_default=True,
+    "--grad-accum",
+    type=click.IntRange(min=1),
+    default=_default("grad_accum"),
+    show_default=True,
     help="Micro-batches per rank per optimizer step.",
 )
 @click.option(
-    "--packs-per-microbatch", type=click.IntRange(min=1), default=_default("packs_per_microbatch"),
-    show_default=True, help="Packs concatenated into one THD row.",
+    "--packs-per-microbatch",
+    type=click.IntRange(min=1),
+    default=_default("packs_per_microbatch"),
+    show_default=True,
+    help="Packs concatenated into one THD row.",
 )
 @click.option("--seed", type=int, default=_default("seed"), show_default=True, help="Init and data-order seed.")
 @click.option(
-    "--save-every", type=click.IntRange(min=0), default=_default("save_every"), show_default=True,
+    "--save-every",
+    type=click.IntRange(min=0),
+    default=_default("save_every"),
+    show_default=True,
     help="Checkpoint every N steps (0: only at the end).",
+)
+@click.option(
+    "--stop-after",
+    type=click.IntRange(min=1),
+    default=_default("stop_after"),
+    help="Checkpoint and exit after this step (e.g. a job's time slot); --resume continues the same schedule.",
 )
 @click.option("--resume", is_flag=True, help="Continue from OUT's latest checkpoint, exactly.")
 @click.option("--device", default=_default("device"), show_default=True, help="auto, cpu or cuda.")
-@click.option("--num-workers", type=click.IntRange(min=0), default=_default("num_workers"), show_default=True,
-              help="Loader worker processes per rank.")
-@click.option("--shuffle-buffer-size", type=click.IntRange(min=0), default=_default("shuffle_buffer_size"),
-              show_default=True, help="Energon sample shuffle buffer (packs).")
+@click.option(
+    "--num-workers",
+    type=click.IntRange(min=0),
+    default=_default("num_workers"),
+    show_default=True,
+    help="Loader worker processes per rank.",
+)
+@click.option(
+    "--shuffle-buffer-size",
+    type=click.IntRange(min=0),
+    default=_default("shuffle_buffer_size"),
+    show_default=True,
+    help="Energon sample shuffle buffer (packs).",
+)
 def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
 

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,9 @@ from train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from train.dataset import open_packed_dataset
 from train.distributed import DistContext, all_reduce_sum, gather_objects, init_distributed, shutdown
 from train.forward import packed_forward
-from train.loader import LoaderConfig, loader_state, make_loader
+from train.loader import LoaderConfig, loader_state, make_loader, validate_loader_config
 from train.loss import token_loss_sum
 from train.metrics import MetricsWriter, StepMetrics
 from train.models import load_model
@@ -76,6 +76,7 @@ class HFTrainConfig:
     packs_per_microbatch: int = 1
     seed: int = 0
     save_every: int = 0  # 0: only at the end
+    stop_after: int | None = None  # checkpoint and exit after this step; the schedule still spans max_steps
     resume: bool = False
     device: str = "auto"
     num_workers: int = 2
@@ -83,7 +84,7 @@ class HFTrainConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
-        skip = {"resume", "save_every", "max_steps"}
+        skip = {"resume", "save_every", "max_steps", "stop_after"}
         return {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
 
 
@@ -97,45 +98,40 @@ def run(config: HFTrainConfig) -> list[StepMetrics]:
 
 
 def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
-    info = open_packed_dataset(config.data, str(config.processor))
+    loader_config = LoaderConfig(
+        data=str(config.data),
+        processor=str(config.processor),
+        model=str(config.model),  # its config gives the rope rule; weights are never read here
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        num_workers=config.num_workers,
+        packs_per_microbatch=config.packs_per_microbatch,
+        seed=config.seed,
+        shuffle_buffer_size=config.shuffle_buffer_size,
+    )
+    info = validate_loader_config(loader_config)  # fail fast, before a model is built
     checkpoint = _claim_output(config, ctx)
-    torch.manual_seed(config.seed)
+    attention = select_attention(ctx.device)
     model = load_model(
         checkpoint or config.model,
         seed=config.seed,
         dtype=torch.float32,
-        attn_implementation=select_attention(ctx.device),
+        attn_implementation=attention,
         device=ctx.device,
     )
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = get_scheduler(
-        config.lr_schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=config.max_steps
-    )
     start = 0
     restored_loader = None
     if checkpoint is not None:
         state = load_trainer_state(checkpoint)
         optimizer.load_state_dict(state.optimizer)
-        scheduler.load_state_dict(state.scheduler)
         set_rng_state(state.rng)
         restored_loader = load_loader_state(checkpoint, ctx)
         start = state.step
         log.info("resumed from %s at step %d", checkpoint, start)
-    loader = make_loader(
-        LoaderConfig(
-            data=config.data,
-            processor=str(config.processor),
-            model=str(checkpoint or config.model),
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            num_workers=config.num_workers,
-            packs_per_microbatch=config.packs_per_microbatch,
-            seed=config.seed,
-            shuffle_buffer_size=config.shuffle_buffer_size,
-        ),
-        state=restored_loader,
-    )
+    scheduler = _scheduler(optimizer, config, start)
+    loader = make_loader(loader_config, state=restored_loader, validate=False)
     writer = MetricsWriter(config.output / METRICS_FILE)
     if ctx.is_main:
         writer.truncate_after(start)
@@ -147,14 +143,15 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         info.processor_class,
         ctx.device,
         ctx.world_size,
-        select_attention(ctx.device),
+        attention,
         start,
         config.max_steps,
     )
     batches = iter(loader)
     history = []
     progress = tqdm(total=config.max_steps, initial=start, disable=not ctx.is_main, desc="train", unit="step")
-    for step in range(start + 1, config.max_steps + 1):
+    last = min(config.max_steps, config.stop_after or config.max_steps)
+    for step in range(start + 1, last + 1):
         micro = [next(batches) for _ in range(config.grad_accum)]
         metrics = _step(model, optimizer, scheduler, micro, config, ctx, step)
         history.append(metrics)
@@ -163,10 +160,8 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             writer.write(metrics)
             progress.set_postfix(loss=f"{metrics.loss:.4f}", tok_s=f"{metrics.tokens_per_s:,.0f}")
             log.info(metrics.log_line(config.max_steps))
-        if step == config.max_steps or (config.save_every and step % config.save_every == 0):
-            state = TrainerState(
-                step=step, optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), rng=rng_state()
-            )
+        if step == last or (config.save_every and step % config.save_every == 0):
+            state = TrainerState(step=step, optimizer=optimizer.state_dict(), rng=rng_state())
             path = save_checkpoint(
                 config.output,
                 ctx,
@@ -180,12 +175,31 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     return history
 
 
+def _scheduler(optimizer: torch.optim.Optimizer, config: HFTrainConfig, step: int) -> Any:
+    """The LR schedule over ``max_steps``, advanced to ``step``.
+
+    Rebuilt rather than restored: the learning rate of every step is then a function of the
+    step and today's options alone, so a resumed run (even one given a longer --max-steps)
+    never applies a rate left in the optimizer by the previous schedule.
+    """
+    scheduler = get_scheduler(
+        config.lr_schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=config.max_steps
+    )
+    with warnings.catch_warnings():  # stepping the schedule before optimizer.step() is intended here
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(step):
+            scheduler.step()
+    return scheduler
+
+
 def _claim_output(config: HFTrainConfig, ctx: DistContext) -> Path | None:
     """Claim OUT for this run; with --resume return the checkpoint to continue from."""
     config.output.mkdir(parents=True, exist_ok=True)
     has_run = (config.output / METRICS_FILE).exists() or (config.output / CHECKPOINTS_DIR).exists()
     if has_run and not config.resume:
-        raise TrainRunConflict(f"{config.output} holds a training run; pass --resume to continue it or use a new --output")
+        raise TrainRunConflict(
+            f"{config.output} holds a training run; pass --resume to continue it or use a new --output"
+        )
     if ctx.is_main:
         claim_output_dir(config.output, config.fingerprint(), (CHECKPOINTS_DIR,), "train hf", TrainRunConflict)
     checkpoint = latest_checkpoint(config.output) if config.resume else None
