@@ -4,6 +4,7 @@ Example::
 
     prep example /tmp/demo --num-samples 64
     prep tokenize --config /tmp/demo/dataset_info.json --processor /tmp/demo/processor ...
+    train hf --model /tmp/demo/model ...   # config only: random init with --seed
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
     type=click.Choice(FAMILIES),
     default="qwen2_vl",
     show_default=True,
-    help="Processor family written to OUT_DIR/processor.",
+    help="Processor family written to OUT_DIR/processor (and its tiny model config to OUT_DIR/model).",
 )
 @click.option(
     "--bad-rows/--no-bad-rows",
@@ -45,10 +46,11 @@ logger = logging.getLogger(__name__)
 def example_command(
     out_dir: Path, num_samples: int, seed: int, family: str, bad_rows: bool
 ) -> None:
-    """Write a tiny Qwen-VL processor and a multimodal ShareGPT dataset to OUT_DIR (offline)."""
+    """Write a tiny Qwen-VL processor, model config and multimodal ShareGPT dataset to OUT_DIR (offline)."""
     config_path = write_example_dataset(
         out_dir, num_samples=num_samples, seed=seed, with_bad_rows=bad_rows, family=family
     )
     logger.info("dataset config: %s", config_path)
     logger.info("processor: %s", out_dir / "processor")
+    logger.info("model config (random init): %s", out_dir / "model")
     click.echo(str(config_path))

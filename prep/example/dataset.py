@@ -5,6 +5,7 @@ Layout of ``write_example_dataset(out)``::
     out/dataset_info.json     two datasets, format of schemas.dataset_config
     out/expected.json         oracle: rows per file, error reason per bad row, named rows
     out/processor/            build_processor_dir(out/processor, family)
+    out/model/config.json     tiny random-init model config matching the processor (model.py)
     out/media/*.jpg|png       media.write_image_files
     out/media/images.lmdb/    encoded images under utf-8 keys, referenced "images.lmdb::KEY"
     out/media/videos/*.mp4    short MPEG-4 clips, 64x48..320x240, 8-40 frames
@@ -35,6 +36,7 @@ from prep.example.media import (
     write_lmdb,
     write_video,
 )
+from prep.example.model import write_tiny_model
 from prep.example.processors import build_processor_dir
 from prep.example.rows import bad_chat_rows, named_chat_rows, random_chat_row, sharegpt_records
 
@@ -132,13 +134,14 @@ def write_example_dataset(
             "sharegpt_json" gets ``max(1, num_samples // 4)`` good records.
         seed: Seed of the filler rows; media and processor do not depend on it.
         with_bad_rows: Interleave one bad row per failure reason (see ``expected.json``).
-        family: Processor family for ``processor/``.
+        family: Processor family for ``processor/`` and ``model/``.
 
     Returns:
         Path of ``dataset_info.json``.
     """
     out_dir = Path(out_dir)
     build_processor_dir(out_dir / "processor", family)
+    write_tiny_model(out_dir / "model", family, out_dir / "processor")
     refs = _write_media(out_dir / "media")
     (out_dir / "data").mkdir(parents=True, exist_ok=True)
     expected = {

@@ -23,16 +23,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import (
-    AutoTokenizer,
-    GenerationConfig,
-    PretrainedConfig,
-    Qwen2_5_VLConfig,
-    Qwen2VLConfig,
-    Qwen3VLConfig,
-)
+if TYPE_CHECKING:  # transformers is imported on use: `prep --help` stays fast
+    from transformers import PretrainedConfig
 
 MODEL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 TEXT_HIDDEN = 64
@@ -46,6 +40,8 @@ VISION_DEPTH = 2
 
 def _processor_settings(processor_dir: Path) -> dict[str, Any]:
     """Token ids, vocabulary size and patch geometry of the processor the model must accept."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(processor_dir))
     tokens = {
         "image_token_id": "<|image_pad|>",
@@ -98,6 +94,8 @@ def tiny_model_config(family: str, processor_dir: str | Path) -> PretrainedConfi
     Returns:
         The model config; ``AutoModelForImageTextToText.from_config`` builds the model.
     """
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
+
     if family not in MODEL_FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose one of {MODEL_FAMILIES}")
     s = _processor_settings(Path(processor_dir))
@@ -129,6 +127,8 @@ def write_tiny_model(out_dir: str | Path, family: str, processor_dir: str | Path
     ``AutoConfig.from_pretrained(out_dir)`` loads it; ``train.models.load_model(out_dir, seed=...)``
     initialises the weights at random. Same arguments give the same bytes.
     """
+    from transformers import GenerationConfig
+
     out_dir = Path(out_dir)
     config = tiny_model_config(family, processor_dir)
     config.save_pretrained(out_dir)
