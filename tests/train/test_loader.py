@@ -1,0 +1,180 @@
+"""make_loader over real packed example data; open_packed_dataset failure modes.
+
+Truths: the pack manifest (every pack key), Energon's own loader run separately (one pack per
+batch) for concatenation, an uninterrupted loader for resume, hand-broken copies of a dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from train.batch import PackedBatch, concat_batches
+from train.dataset import TrainConfigError, open_packed_dataset
+from train.loader import LoaderConfig, loader_state, make_loader, restore_loader
+
+
+@pytest.fixture(scope="module")
+def images(packed_example):
+    return packed_example(media="images")
+
+
+def _config(images, **kw) -> LoaderConfig:
+    base = dict(data=str(images.path), processor=str(images.processor), model=str(images.processor), num_workers=0)
+    return LoaderConfig(**{**base, **kw})
+
+
+def _all_keys(images) -> list[str]:
+    return [f"pack-{i:08d}" for i in range(images.manifest["packs"]["packs"])]
+
+
+def _take(loader, n: int) -> list[PackedBatch]:
+    return list(itertools.islice(iter(loader), n))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_two_ranks_read_disjoint_packs_covering_the_dataset(images, num_workers):
+    seen = []
+    for rank in (0, 1):
+        config = _config(images, rank=rank, world_size=2, num_workers=num_workers, repeat=False)
+        seen.append([k for batch in make_loader(config) for k in batch.pack_keys])
+    assert seen[0] and seen[1] and not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == _all_keys(images)
+
+
+def test_packs_per_microbatch_concatenates_the_packs(images):
+    config = _config(images, repeat=False, shuffle_buffer_size=None)
+    single = {b.pack_keys[0]: b for b in make_loader(config)}
+    pairs = list(make_loader(dataclasses.replace(config, packs_per_microbatch=2)))
+    assert [len(b.pack_keys) for b in pairs] == [2] * (len(single) // 2) + [1] * (len(single) % 2)
+    assert sorted(k for b in pairs for k in b.pack_keys) == sorted(single) == _all_keys(images)
+    for batch in pairs:
+        parts = [single[k] for k in batch.pack_keys]
+        assert batch.cu_seqlens_padded[-1] == batch.num_tokens == sum(p.num_tokens for p in parts)
+        assert batch.num_samples == len(batch.sample_ids) == sum(p.num_samples for p in parts)
+        expected = concat_batches(parts)
+        for field in dataclasses.fields(PackedBatch):
+            a, b = getattr(batch, field.name), getattr(expected, field.name)
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field.name
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_restored_loader_continues_with_the_same_batches(images, num_workers):
+    config = _config(
+        images, num_workers=num_workers, packs_per_microbatch=2, shuffle_buffer_size=4, max_samples_per_sequence=2
+    )
+    first = make_loader(config)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = loader_state(first)
+    assert isinstance(state, bytes)
+    expected = [next(it) for _ in range(5)]  # crosses the end of the 9-pack epoch
+    resumed = _take(restore_loader(config, state), 5)
+    assert [b.pack_keys for b in resumed] == [b.pack_keys for b in expected]
+    assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(resumed, expected))
+    for a, b in zip(resumed, expected):
+        assert (a.pixel_values is None and b.pixel_values is None) or torch.equal(a.pixel_values, b.pixel_values)
+
+
+def test_the_seed_decides_the_order(images):
+    def keys(seed: int) -> list[tuple[str, ...]]:
+        config = _config(images, seed=seed, shuffle_buffer_size=4, max_samples_per_sequence=2)
+        return [b.pack_keys for b in _take(make_loader(config), 4)]
+
+    assert keys(0) == keys(0)
+    assert keys(0) != keys(1)
+
+
+# --- open_packed_dataset / validation: each failure names its fix ------------------------------
+
+
+@pytest.fixture
+def copy(images, tmp_path) -> Path:
+    out = tmp_path / "packed"
+    shutil.copytree(images.path, out)
+    return out
+
+
+def test_valid_dataset_info(images):
+    info = open_packed_dataset(images.path, str(images.processor))
+    assert info.num_packs == images.manifest["packs"]["packs"] and info.pack_size == 1024
+    assert info.processor_class == "Qwen2VLProcessor" and info.pad_to_multiple_of == 1
+    assert info.num_shards == len(images.manifest["shards"])
+
+
+def test_missing_path_and_manifest(tmp_path):
+    with pytest.raises(TrainConfigError, match="does not exist"):
+        open_packed_dataset(tmp_path / "nope")
+    with pytest.raises(TrainConfigError, match="not a `prep pack` output"):
+        open_packed_dataset(tmp_path)
+
+
+def test_not_indexed(copy):
+    shutil.rmtree(copy / ".nv-meta")
+    with pytest.raises(TrainConfigError, match=r"prep energon-index"):
+        open_packed_dataset(copy)
+
+
+def test_missing_index_file(copy):
+    next((copy / "shards").glob("*.tar.idx")).unlink()
+    with pytest.raises(TrainConfigError, match=r"\.tar\.idx.*prep energon-index"):
+        open_packed_dataset(copy)
+
+
+def test_missing_shard(copy):
+    (copy / "shards" / "shard-000001.tar").unlink()
+    with pytest.raises(TrainConfigError, match=r"shard-000001.tar.*rerun `prep pack`"):
+        open_packed_dataset(copy)
+
+
+def test_wrong_format_version(copy):
+    path = copy / ".nv-meta" / "dataset.yaml"
+    definition = yaml.safe_load(path.read_text())
+    definition["subflavors"]["format_version"] = 2
+    path.write_text(yaml.dump(definition))
+    with pytest.raises(TrainConfigError, match="format version 2.*re-run `prep pack`"):
+        open_packed_dataset(copy)
+    definition["subflavors"]["format"] = "something.else"
+    path.write_text(yaml.dump(definition))
+    with pytest.raises(TrainConfigError, match="not a packvlm pack dataset"):
+        open_packed_dataset(copy)
+
+
+def test_wrong_pack_json_version(copy):
+    import io
+    import json
+    import tarfile
+
+    shard = copy / "shards" / "shard-000000.tar"
+    with tarfile.open(shard) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar]
+    with tarfile.open(shard, "w") as tar:
+        for info, data in members:
+            if info.name.endswith(".json"):
+                data = json.dumps({**json.loads(data), "version": 99}).encode()
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(TrainConfigError, match="pack json version 99"):
+        open_packed_dataset(copy)
+
+
+def test_processor_of_another_class(images, processor_dirs):
+    with pytest.raises(TrainConfigError, match="Qwen3VLProcessor.*tokenized with a Qwen2VLProcessor"):
+        open_packed_dataset(images.path, str(processor_dirs["qwen3_vl"]))
+    with pytest.raises(TrainConfigError, match="Qwen3VLProcessor"):
+        make_loader(_config(images, processor=str(processor_dirs["qwen3_vl"])))
+
+
+def test_more_workers_than_packs(images):
+    num_packs = images.manifest["packs"]["packs"]
+    with pytest.raises(TrainConfigError, match=f"holds {num_packs} packs but {2 * num_packs} data-parallel workers"):
+        make_loader(_config(images, world_size=num_packs, num_workers=2))
+    with pytest.raises(TrainConfigError, match="rank 2"):
+        make_loader(_config(images, rank=2, world_size=2))
