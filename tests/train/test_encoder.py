@@ -220,6 +220,60 @@ def test_video_frames_equal_pyav_decoding_every_frame(packed_example):
     assert len(seen) >= 3
 
 
+class _Qwen2VideoGrids:
+    """Stands in for Qwen2VLVideoProcessor (needs torchvision): its grid rule, zero pixels."""
+
+    def __init__(self, video_config: dict) -> None:
+        self.config, self.calls = video_config, []
+
+    def __call__(self, videos, do_sample_frames, return_tensors):
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        (frames,) = videos
+        self.calls.append((frames, do_sample_frames))
+        size = self.config["size"]
+        hb, wb = smart_resize(frames.shape[1], frames.shape[2], 28, size["shortest_edge"], size["longest_edge"])
+        grid = [-(-len(frames) // 2), hb // 14, wb // 14]
+        return {
+            "pixel_values_videos": torch.zeros(grid[0] * grid[1] * grid[2], 1176),
+            "video_grid_thw": torch.tensor([grid]),
+        }
+
+
+def test_video_path_plumbing_with_a_stand_in_processor(packed_example, encoder):
+    """Frames, grid check, second_per_grid_ts (= transformers' sampled_fps rule) and rope with videos."""
+    from transformers.video_utils import VideoMetadata
+
+    videos = packed_example(media="videos")
+    config = json.loads((videos.processor / "video_preprocessor_config.json").read_text())
+    stand_in = _Qwen2VideoGrids(config)
+    media = dataclasses.replace(encoder.media, video_processor=stand_in, wants_second_per_grid_ts=True)
+    video_encoder = dataclasses.replace(encoder, media=media)
+    rows = tokenized_rows(videos.tokenized)
+    for pack in _energon(videos.path, PackedTaskEncoder()):
+        batch = video_encoder.encode(pack)
+        items = [m for m in pack.media if m.kind == "video"]
+        assert batch.video_grid_thw.tolist() == [list(m.grid_thw) for m in items]
+        assert batch.pixel_values_videos.shape[0] == int(batch.video_grid_thw.prod(-1).sum())
+        want = []
+        for item in items:
+            ref = next(m["ref"] for m in rows[pack.sample_ids[item.sample]]["media"] if m["kind"] == "video")
+            meta = video_meta(MediaRef(path=ref))
+            sampled = VideoMetadata(
+                total_num_frames=meta.num_frames, fps=meta.fps, frames_indices=list(item.frame_indices)
+            )
+            want.append(2 / sampled.sampled_fps)
+        assert batch.second_per_grid_ts.tolist() == pytest.approx(want)
+        assert batch.position_ids.shape == (4, 1, batch.num_tokens)
+        assert (batch.mm_token_type_ids == 2).sum() == sum(t * h * w // 4 for t, h, w in batch.video_grid_thw.tolist())
+    assert stand_in.calls and all(flag is False for _, flag in stand_in.calls)
+    pack = _energon(videos.path, PackedTaskEncoder())[0]
+    item = next(m for m in pack.media if m.kind == "video")
+    bad = dataclasses.replace(item, grid_thw=(item.grid_thw[0] + 1, *item.grid_thw[1:]))
+    with pytest.raises(GridMismatchError, match=item.member):
+        video_encoder.encode(dataclasses.replace(pack, media=[bad if m is item else m for m in pack.media]))
+
+
 def test_image_decoding_follows_load_image(example_dir):
     """EXIF-rotated, RGBA, grey, CMYK, palette: bytes decode as transformers decodes a path."""
     media = example_dir / "media"
