@@ -8,7 +8,10 @@ depends on transformers guessing them from ``position_ids``. Which kernel consum
     CUDA + flash-attn importable   "flash_attention_2"  (transformers' own varlen path)
     otherwise                      "packvlm_varlen"     (registered here):
         CUDA, fp16/bf16            torch.nn.attention.varlen.varlen_attn, causal = window (-1, 0)
-        CPU, fp32, dropout > 0     exact reference: SDPA per sample over the cu_seqlens slices
+                                   (``is_causal`` / repeated kv heads on torch builds whose kernel
+                                   lacks ``window_size`` / ``enable_gqa``)
+        CPU, fp32, dropout > 0,    exact reference: SDPA per sample over the cu_seqlens slices
+        or no varlen kernel        (one warning on CUDA: autocast to bf16 to get the kernel)
 
 Neither builds an O(T^2) mask: the mask function registered with ``AttentionMaskInterface``
 returns ``None`` unless the caller passes a padding mask (a padded, unpacked batch, which
@@ -31,8 +34,11 @@ transformers' per-image path (the name has no "flash"), so each image attends to
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -113,6 +119,32 @@ def _per_sample_sdpa(
     return torch.cat(outputs, dim=2)
 
 
+def _kernel_dtype(query: torch.Tensor) -> torch.dtype | None:
+    """fp16/bf16 for the CUDA kernel: the tensors' own, else the autocast dtype, else None.
+
+    Under bf16 autocast with fp32 weights the Qwen-VL rotary embedding (fp32 cos/sin) hands q/k
+    over in fp32 and v in bf16; like transformers' flash path we cast to the autocast dtype.
+    """
+    half = (torch.float16, torch.bfloat16)
+    if not query.is_cuda:
+        return None
+    if query.dtype in half:
+        return query.dtype
+    if torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") in half:
+        return torch.get_autocast_dtype("cuda")
+    return None
+
+
+@functools.cache
+def _varlen_kernel() -> tuple[Callable[..., torch.Tensor], frozenset[str]] | None:
+    """torch's varlen kernel and its keyword names (they changed across 2.x), or None if absent."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def _cuda_varlen(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -122,24 +154,25 @@ def _cuda_varlen(
     *,
     causal: bool,
     scaling: float | None,
-) -> torch.Tensor:
-    """torch's flash varlen kernel on (total, heads, dim) views; returns [1, H, T, D]."""
-    from torch.nn.attention.varlen import varlen_attn
-
+) -> torch.Tensor | None:
+    """torch's flash varlen kernel on (total, heads, dim) views: [1, H, T, D], or None if absent."""
+    kernel = _varlen_kernel()
+    if kernel is None:
+        return None
+    varlen_attn, params = kernel
     cu = cu.to(device=query.device, dtype=torch.int32)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-    out = varlen_attn(
-        q,
-        k,
-        v,
-        cu,
-        cu,
-        int(max_length),
-        int(max_length),
-        scale=scaling,
-        window_size=(-1, 0) if causal else (-1, -1),
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
+    options: dict[str, Any] = {"scale": scaling}
+    if "window_size" in params:  # torch >= 2.11: causal is the window (-1, 0)
+        options["window_size"] = (-1, 0) if causal else (-1, -1)
+    else:
+        options["is_causal"] = causal
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            options["enable_gqa"] = True
+        else:
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    out = varlen_attn(q, k, v, cu, cu, int(max_length), int(max_length), **options)
     return out.transpose(0, 1).unsqueeze(0)
 
 
@@ -186,12 +219,14 @@ def packed_attention_forward(
         raise PackedAttentionError(f"packed attention needs batch 1 and equal q/k lengths, got {tuple(query.shape)}")
     if cu_seq_lens_k is not None and cu_seq_lens_k is not cu and not torch.equal(cu_seq_lens_k.cpu(), cu.cpu()):
         raise PackedAttentionError("cu_seq_lens_k differs from cu_seq_lens_q; packed self-attention needs one layout")
-    use_kernel = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0
-    if use_kernel and max_length_q is not None:  # boundaries checked once per row by packed_forward
-        out = _cuda_varlen(query, key, value, cu, int(max_length_q), causal=causal, scaling=scaling)
-    else:
+    kernel_dtype = _kernel_dtype(query)
+    out = None
+    if kernel_dtype is not None and dropout == 0.0 and max_length_q is not None:  # cu checked by packed_forward
+        q, k, v = (t.to(kernel_dtype) for t in (query, key, value))
+        out = _cuda_varlen(q, k, v, cu, int(max_length_q), causal=causal, scaling=scaling)
+    if out is None:
         if query.is_cuda:
-            log.warning("packvlm_varlen: per-sample SDPA on CUDA (dtype %s, dropout %s)", query.dtype, dropout)
+            _warn_slow_path(query.dtype, dropout)
         segments = _segments(cu, total, "cu_seq_lens_q")
         out = _per_sample_sdpa(query, key, value, segments, causal=causal, scaling=scaling, dropout=dropout)
     return out.transpose(1, 2).contiguous(), None
@@ -202,6 +237,17 @@ def packed_attention_mask(*, attention_mask: torch.Tensor | None = None, **kwarg
     if attention_mask is None:
         return None
     return sdpa_mask(attention_mask=attention_mask, **kwargs)
+
+
+@functools.cache
+def _warn_slow_path(dtype: torch.dtype, dropout: float) -> None:
+    log.warning(
+        "packvlm_varlen: per-sample SDPA on CUDA (dtype %s, dropout %s, varlen kernel %s); "
+        "train in bf16 autocast for torch's varlen kernel",
+        dtype,
+        dropout,
+        "available" if _varlen_kernel() else "missing",
+    )
 
 
 def register_packed_attention() -> str:
