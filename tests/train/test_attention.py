@@ -113,16 +113,27 @@ def test_select_attention_on_cpu() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch's varlen kernel)")
 @pytest.mark.parametrize("causal", [True, False])
-def test_cuda_varlen_kernel_matches_reference(causal: bool) -> None:
-    generator = torch.Generator().manual_seed(3)
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "fp32-under-bf16-autocast"])
+def test_cuda_varlen_kernel_matches_brute_force(causal: bool, autocast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel runs (bf16 tensors, or fp32 q/k under autocast as Qwen-VL's rotary hands them
+    over) and equals the math on the bf16-rounded inputs to bf16 accuracy."""
+    import train.attention as attention
+
+    calls = []
+    kernel = attention._cuda_varlen
+    monkeypatch.setattr(attention, "_cuda_varlen", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     cu = [0, 17, 64, 65, 200]
-    q, k, v = (t.cuda().bfloat16() for t in qkv(cu[-1], generator))
+    q, k, v = (t.cuda() for t in qkv(cu[-1], torch.Generator().manual_seed(3)))
     cu_tensor = torch.tensor(cu, dtype=torch.int32, device="cuda")
-    out, _ = packed_attention_forward(
-        Module(causal), q, k, v, None, cu_seq_lens_q=cu_tensor, cu_seq_lens_k=cu_tensor,
-        max_length_q=135, max_length_k=135,
-    )  # fmt: skip
-    expected = brute_force(q.double(), k.double(), v.double(), cu, causal)
+    if not autocast:
+        q, k, v = (t.bfloat16() for t in (q, k, v))
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        out, _ = packed_attention_forward(
+            Module(causal), q, k, v, None, cu_seq_lens_q=cu_tensor, cu_seq_lens_k=cu_tensor,
+            max_length_q=135, max_length_k=135,
+        )  # fmt: skip
+    assert calls and out.dtype == torch.bfloat16
+    expected = brute_force(*(t.bfloat16().double() for t in (q, k, v)), cu, causal)
     torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
 
 
