@@ -9,6 +9,7 @@ equal each sample run alone; it is skipped without CUDA + Transformer Engine.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import sys
@@ -122,8 +123,6 @@ def test_packed_seq_params_is_megatron_core_class_with_the_same_values():
         assert (mine.tolist() == theirs.tolist()) if isinstance(mine, torch.Tensor) else mine == theirs, name
     assert params.cu_seqlens_q.device == batch.cu_seqlens.device
     # every field we set exists on the real class (a rename there fails here, not on a GPU)
-    import dataclasses
-
     assert set(fields.__slots__) <= {f.name for f in dataclasses.fields(PackedSeqParams)}
 
 
@@ -338,3 +337,187 @@ def test_cli_fails_fast_without_gpu_stack(tmp_path):
     assert result.exit_code == 1
     assert "Transformer Engine" in result.output and "pip install" in result.output
     assert not (tmp_path / "out").exists()  # nothing written before the check
+
+
+def test_text_only_refuses_media_unless_ignored():
+    from train.megatron.loop import MediaInPackError, text_only
+
+    plain = make_batch(DOC_SAMPLES)
+    with_image = PackedBatch(
+        **{n: getattr(plain, n) for n in plain.__slots__} | {"image_grid_thw": torch.tensor([[1, 2, 2]])}
+    )
+    assert list(text_only([plain], ignore_media=False)) == [plain]
+    with pytest.raises(MediaInPackError, match=r"pack-00000007.*--ignore-media"):
+        list(text_only([plain, with_image], ignore_media=False))
+    assert list(text_only([with_image], ignore_media=True)) == [with_image]
+
+
+def test_model_config_dir_defaults_to_processor_with_config_json(tmp_path):
+    from train.dataset import TrainConfigError
+    from train.megatron.loop import MegatronTrainConfig, _model_config_dir
+
+    config = MegatronTrainConfig(data=tmp_path, processor=tmp_path, output=tmp_path / "out", max_steps=1)
+    with pytest.raises(TrainConfigError, match="--model-config"):
+        _model_config_dir(config)
+    (tmp_path / "config.json").write_text("{}")
+    assert _model_config_dir(config) == tmp_path
+    other = tmp_path / "model"
+    assert _model_config_dir(dataclasses.replace(config, model_config=other)) == other
+
+
+# ---------------------------------------------------------------- GPU: megatron-core + TE, end to end
+
+GPU_VOCAB = 500
+GPU_ATOL = 2e-2  # bf16 autocast; THD kernel vs ordinary causal kernel
+GPU_GRAD_RTOL = 5e-2
+
+
+def gpu_samples() -> list[tuple[list[int], list[int]]]:
+    """Three samples (7, 12, 5 tokens); the second has a 3-token prompt without loss."""
+    gen = torch.Generator().manual_seed(7)
+    samples = []
+    for length, prompt in ((7, 1), (12, 3), (5, 1)):
+        tokens = torch.randint(1, GPU_VOCAB, (length,), generator=gen).tolist()
+        samples.append((tokens, [IGNORE_INDEX] * prompt + tokens[prompt:]))
+    return samples
+
+
+@pytest.fixture(scope="module")
+def megatron_gpu():
+    """Megatron's parallel state (tp = pp = 1) in a one-process NCCL group, and a tiny GPTModel."""
+    if not (torch.cuda.is_available() and HAS_TE and HAS_MEGATRON):
+        pytest.skip("needs a CUDA GPU, megatron-core and Transformer Engine")
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+
+    from train.megatron.loop import _free_port
+    from train.megatron.model import GPTConfig, build_gpt_model
+
+    torch.cuda.set_device(0)
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+    config = GPTConfig(
+        vocab_size=GPU_VOCAB, max_sequence_length=64, num_layers=2, hidden_size=128, num_attention_heads=4
+    )
+    yield partial(build_gpt_model, config)
+    parallel_state.destroy_model_parallel()
+    if created:
+        dist.destroy_process_group()
+
+
+def per_sample_losses(model, samples) -> list[torch.Tensor]:
+    """Each sample alone, unpacked: ordinary causal attention, no packed_seq_params."""
+    out = []
+    for sample in samples:
+        mb = get_batch(make_batch([sample]), "cuda")
+        out.append(model(mb.tokens, mb.position_ids, None, labels=mb.labels)[0])
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("dtype", "pad_to_multiple_of", "atol"),
+    [
+        (torch.bfloat16, 1, GPU_ATOL),
+        (torch.bfloat16, 8, GPU_ATOL),
+        # fp32 runs TE's unfused attention, which handles THD only without slot padding
+        (torch.float32, 1, 1e-4),
+    ],
+)
+def test_packed_losses_equal_each_sample_alone_on_gpu(megatron_gpu, dtype, pad_to_multiple_of, atol):
+    model = megatron_gpu()
+    samples = gpu_samples()
+    batch = make_batch(samples, pad_to_multiple_of=pad_to_multiple_of)
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+        packed, loss_fn = forward_step(iter([batch]), model)
+        alone = per_sample_losses(model, samples)
+    assert packed.shape == (1, batch.num_tokens)
+    starts = batch.cu_seqlens_padded[:-1].tolist()
+    for (tokens, _), start, reference in zip(samples, starts, alone):
+        got = packed[0, start : start + len(tokens)].float()
+        torch.testing.assert_close(got, reference.float(), atol=atol, rtol=0)
+    loss, num_tokens, _ = loss_fn(packed)
+    mask = get_batch(batch).loss_mask[0]
+    expected = sum((ref.float().cpu() * mask[s : s + len(t)]).sum() for (t, _), s, ref in zip(samples, starts, alone))
+    assert num_tokens.item() == batch.num_label_tokens
+    torch.testing.assert_close(loss.cpu(), expected, atol=atol * num_tokens.item(), rtol=0)
+
+
+@pytest.mark.gpu
+def test_packed_gradients_equal_sum_of_per_sample_gradients_on_gpu(megatron_gpu):
+    model = megatron_gpu()
+    samples = gpu_samples()
+    batch = make_batch(samples, pad_to_multiple_of=8)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        packed, loss_fn = forward_step(iter([batch]), model)
+    loss_fn(packed)[0].backward()
+    packed_grads = [p.grad.detach().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    for sample in samples:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out, fn = forward_step(iter([make_batch([sample])]), model)
+        fn(out)[0].backward()
+    for (name, param), got in zip(model.named_parameters(), packed_grads):
+        scale = param.grad.abs().max().clamp(min=1e-3)
+        assert ((got - param.grad).abs().max() / scale).item() < GPU_GRAD_RTOL, name
+
+
+@pytest.mark.gpu
+def test_a_few_forward_steps_train_on_gpu(megatron_gpu):
+    model = megatron_gpu()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    batch = make_batch(gpu_samples(), pad_to_multiple_of=8)
+    losses = []
+    for _ in range(8):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            output, loss_fn = forward_step(iter([batch]), model)
+        loss, num_tokens, report = loss_fn(output)
+        (loss / num_tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append((report["lm loss"][0] / report["lm loss"][1]).item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+class GradRecorder:
+    """Optimizer stand-in for train_step: keeps the gradients it was asked to apply."""
+
+    def __init__(self, params) -> None:
+        self.params = list(params)
+        self.param_groups = [{"lr": 0.0}]
+        self.grads: list[torch.Tensor] = []
+
+    def step(self) -> None:
+        self.grads = [p.grad.detach().clone() for p in self.params]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+@pytest.mark.gpu
+def test_train_step_accumulates_token_weighted_like_one_packed_batch_on_gpu(megatron_gpu):
+    """Two micro-batches (2 + 1 samples) give the gradient of one micro-batch holding all three."""
+    from train.distributed import DistContext
+    from train.megatron.loop import train_step
+
+    model = megatron_gpu()
+    samples = gpu_samples()
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cuda", 0))
+    micro = [make_batch(samples[:2], pad_to_multiple_of=8), make_batch(samples[2:], pad_to_multiple_of=8)]
+    recorder = GradRecorder(model.parameters())
+    metrics = train_step(model, recorder, micro, ctx, step=1, max_grad_norm=1e9)
+    assert metrics.num_label_tokens == sum(b.num_label_tokens for b in micro)
+    whole = make_batch(samples, pad_to_multiple_of=8)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        output, loss_fn = forward_step(iter([whole]), model)
+    loss, num_tokens, _ = loss_fn(output)
+    (loss / num_tokens).backward()
+    assert metrics.loss == pytest.approx((loss / num_tokens).item(), abs=GPU_ATOL)
+    for (name, param), got in zip(model.named_parameters(), recorder.grads):
+        scale = param.grad.abs().max().clamp(min=1e-3)
+        assert ((got - param.grad).abs().max() / scale).item() < GPU_GRAD_RTOL, name

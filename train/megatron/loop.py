@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,6 @@ from prep.outputs import claim_output_dir
 from prep.tokenize.processor import load_processor
 from schemas.train import METRICS_FILE
 from train.batch import PackedBatch
-from train.dataset import open_packed_dataset
 from train.distributed import DistContext, all_reduce_sum, gather_objects, init_distributed
 from train.megatron.model import GPTConfig, build_gpt_model, require_megatron_gpu
 from train.megatron.step import forward_step
@@ -105,19 +104,27 @@ def run(config: MegatronTrainConfig) -> list[StepMetrics]:
 
 
 def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
-    bundle = load_processor(str(config.processor))
-    info = open_packed_dataset(
-        config.data,
-        processor_class=bundle.processor_class,
-        min_packs=ctx.world_size * max(1, config.num_workers),
+    from train.loader import LoaderConfig, make_loader, validate_loader_config  # Energon: imported when used
+
+    loader_config = LoaderConfig(
+        data=str(config.data),
+        processor=str(config.processor),
+        model=str(_model_config_dir(config)),  # its config gives the rope rule; no weights read
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        num_workers=config.num_workers,
+        packs_per_microbatch=config.packs_per_microbatch,
+        seed=config.seed,
+        shuffle_buffer_size=config.shuffle_buffer_size,
     )
+    info = validate_loader_config(loader_config)  # fail fast, before a model is built
     if (config.output / METRICS_FILE).exists():
         raise MegatronRunConflict(f"{config.output} already holds a `train megatron` run; use a new --output")
     if ctx.is_main:
         claim_output_dir(config.output, config.fingerprint(), (), "train megatron", MegatronRunConflict)
     model = build_gpt_model(
         GPTConfig(
-            vocab_size=len(bundle.tokenizer),
+            vocab_size=len(load_processor(str(config.processor)).tokenizer),
             max_sequence_length=info.pack_size * config.packs_per_microbatch,
             num_layers=config.num_layers,
             hidden_size=config.hidden_size,
@@ -136,12 +143,12 @@ def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         config.hidden_size,
         f"{sum(p.numel() for p in model.parameters()):,}",
     )
-    batches = _batches(config, ctx)
+    batches = text_only(make_loader(loader_config, validate=False), ignore_media=config.ignore_media)
     writer = MetricsWriter(config.output / METRICS_FILE)
     history = []
     for step in range(1, config.max_steps + 1):
         micro = [next(batches) for _ in range(config.grad_accum)]
-        metrics = _step(model, optimizer, micro, config, ctx, step)
+        metrics = train_step(model, optimizer, micro, ctx, step=step, max_grad_norm=config.max_grad_norm)
         history.append(metrics)
         if ctx.is_main:
             writer.write(metrics)
@@ -151,25 +158,29 @@ def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     return history
 
 
-def _batches(config: MegatronTrainConfig, ctx: DistContext) -> Iterator[PackedBatch]:
-    """This rank's micro-batches from the Energon loader; media refused unless ``ignore_media``."""
-    from train.loader import LoaderConfig, make_loader
+def _model_config_dir(config: MegatronTrainConfig) -> Path:
+    """The HF model directory whose config.json drives the loader's rope index."""
+    from train.dataset import TrainConfigError
 
-    loader = make_loader(
-        LoaderConfig(
-            data=config.data,
-            processor=str(config.processor),
-            model=str(config.model_config or config.processor),
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            num_workers=config.num_workers,
-            packs_per_microbatch=config.packs_per_microbatch,
-            seed=config.seed,
-            shuffle_buffer_size=config.shuffle_buffer_size,
-        )
+    if config.model_config is not None:
+        return config.model_config
+    if (config.processor / "config.json").is_file():
+        return config.processor
+    raise TrainConfigError(
+        f"--processor {config.processor} holds no config.json: pass --model-config with the HF model directory "
+        "(config.json only is enough; for `prep example` data: OUT/model). The loader reads it for the model "
+        "family's rotary-position rule; no weights are loaded."
     )
-    for batch in loader:
-        if batch.num_media and not config.ignore_media:
+
+
+def text_only(batches: Iterable[PackedBatch], *, ignore_media: bool) -> Iterator[PackedBatch]:
+    """``batches`` unchanged; a micro-batch with media raises unless ``ignore_media``.
+
+    Raises:
+        MediaInPackError: naming the packs and the flag.
+    """
+    for batch in batches:
+        if batch.num_media and not ignore_media:
             raise MediaInPackError(
                 f"packs {', '.join(batch.pack_keys)} hold {batch.num_media} images/videos, but `train megatron` "
                 "trains the language model only (no vision encoder on the Megatron side). Pass --ignore-media to "
@@ -178,13 +189,14 @@ def _batches(config: MegatronTrainConfig, ctx: DistContext) -> Iterator[PackedBa
         yield batch
 
 
-def _step(
+def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     micro: list[PackedBatch],
-    config: MegatronTrainConfig,
     ctx: DistContext,
+    *,
     step: int,
+    max_grad_norm: float,
 ) -> StepMetrics:
     """One optimizer step: summed losses back-propagated, gradients / global label tokens."""
     started = time.perf_counter()
@@ -199,7 +211,7 @@ def _step(
         local_tokens += int(num_tokens)
     global_tokens = all_reduce_sum(local_tokens, ctx)
     _finalize_grads(model, ctx, max(global_tokens, 1.0))
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     per_rank = gather_objects(
@@ -218,7 +230,7 @@ def _step(
         num_label_tokens=int(global_tokens),
         num_tokens=int(num_tokens),
         num_real_tokens=int(all_reduce_sum(sum(b.num_real_tokens for b in micro), ctx)),
-        lr=config.lr,
+        lr=float(optimizer.param_groups[0]["lr"]),
         grad_norm=float(grad_norm),
         tokens_per_s=num_tokens / elapsed,
         pack_keys=[keys for keys, _, _ in per_rank],
