@@ -196,10 +196,13 @@ def packed_attention_forward(
     """transformers attention function for packed rows; q/k/v ``[B, H, S, D]`` -> ``[B, S, H, D]``.
 
     Boundaries: ``cu_seq_lens_q/k`` when given, else the restarts of ``position_ids`` (as
-    transformers' flash path), else none (each row is one sequence). Causality: ``is_causal``
-    when the caller says (vision towers pass False), else the module's own flag.
+    transformers' flash path), else none: each row is one sequence and transformers' SDPA runs.
+    Causality: ``is_causal`` when the caller says (vision towers pass False), else the module's.
     """
-    if attention_mask is not None:  # a padded, unpacked batch: plain SDPA with transformers' mask
+    cu = cu_seq_lens_q if cu_seq_lens_q is not None else _boundaries_from_positions(position_ids, query.shape[0])
+    if attention_mask is not None or cu is None:
+        # Unpacked: a padded batch with transformers' mask, one sequence per row, a vision
+        # tower's per-image call, or cached decoding. transformers' SDPA handles all of them.
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
@@ -208,13 +211,6 @@ def packed_attention_forward(
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     dropout = dropout if module.training else 0.0
     total = query.shape[2]
-    cu = cu_seq_lens_q if cu_seq_lens_q is not None else _boundaries_from_positions(position_ids, query.shape[0])
-    if cu is None:
-        out = F.scaled_dot_product_attention(
-            query, key, value, dropout_p=dropout, is_causal=causal, scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
-        )  # fmt: skip
-        return out.transpose(1, 2).contiguous(), None
     if query.shape[0] != 1 or key.shape[2] != total:
         raise PackedAttentionError(f"packed attention needs batch 1 and equal q/k lengths, got {tuple(query.shape)}")
     if cu_seq_lens_k is not None and cu_seq_lens_k is not cu and not torch.equal(cu_seq_lens_k.cpu(), cu.cpu()):

@@ -28,11 +28,12 @@ VISION_TOLERANCE = 1e-6  # embeddings are ~2e-2 in size (tiny random init)
 
 
 class Module(torch.nn.Module):
-    """Stands in for an attention layer: only ``is_causal`` and ``training`` are read."""
+    """Stands in for an attention layer: what attention functions read of it."""
 
     def __init__(self, is_causal: bool = True) -> None:
         super().__init__()
         self.is_causal = is_causal
+        self.num_key_value_groups = HEADS // KV_HEADS
 
 
 def brute_force(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int], causal: bool) -> torch.Tensor:
@@ -91,6 +92,8 @@ def test_no_boundaries_is_one_sequence_and_caller_causality_wins() -> None:
     torch.testing.assert_close(out, brute_force(q, k, v, [0, 12], True), atol=1e-5, rtol=1e-5)
     out, _ = packed_attention_forward(Module(True), q, k, v, None, is_causal=False)  # vision towers say so
     torch.testing.assert_close(out, brute_force(q, k, v, [0, 12], False), atol=1e-5, rtol=1e-5)
+    last, _ = packed_attention_forward(Module(), q[:, :, -1:], k, v, None)  # cached decoding: 1 query, all keys
+    torch.testing.assert_close(last, brute_force(q, k, v, [0, 12], True)[:, -1:], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("cu", [[0, 5, 11], [0, 7, 5, 12], [3, 12], [0, 12, 13]])
