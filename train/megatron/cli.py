@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -59,6 +60,8 @@ def megatron_command(**options: object) -> None:
     from train.dataset import TrainConfigError
     from train.megatron.loop import MediaInPackError, MegatronRunConflict, MegatronTrainConfig, run
 
+    if not logging.getLogger().handlers:  # the step log lines; the `train` group may have set this up
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         run(MegatronTrainConfig(**options))  # type: ignore[arg-type]
     except (
