@@ -20,6 +20,9 @@ Choices, checked against megatron-core 0.16 and Transformer Engine 2.x:
   differ, which gives the same attention.
 - ``max_seqlen`` is a Python ``int`` (the field's annotation; megatron-core's rotary
   embedding caches on it and builds ``arange(max_seqlen)``), not an int32 tensor.
+- Slot padding needs bf16/fp16 attention: Transformer Engine's fp32 (unfused) backend takes
+  THD only when the padded and real boundaries are equal (seen with TE 2.11); the fused
+  backends take both. `train megatron` runs under bf16 autocast.
 - Context parallelism (cp > 1) splits every sample into ``2 * cp`` chunks (load-balanced
   causal split), so every slot length must be a multiple of ``2 * cp``: write the packs with
   ``prep pack --pad-to-multiple-of 2*cp``. `check_context_parallel` says so by name.
