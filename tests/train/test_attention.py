@@ -40,12 +40,12 @@ def brute_force(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int]
     """softmax(q k^T / sqrt(d) + mask) v with an explicit block-diagonal (causal) mask; [1, T, H, D]."""
     total = q.shape[2]
     k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-    segment = torch.zeros(total, dtype=torch.long)
+    segment = torch.zeros(total, dtype=torch.long, device=q.device)
     for start in cu[1:-1]:
         segment[start:] += 1
     allowed = segment[:, None] == segment[None, :]
     if causal:
-        allowed &= torch.ones(total, total, dtype=torch.bool).tril()
+        allowed &= torch.ones(total, total, dtype=torch.bool, device=q.device).tril()
     scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
     weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
     return (weights @ v).transpose(1, 2)
