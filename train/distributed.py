@@ -67,8 +67,8 @@ def init_distributed(requested_device: str) -> DistContext:
 
 
 def shutdown() -> None:
+    """Leave the process group without a barrier: after an error on one rank a barrier would hang."""
     if dist.is_initialized():
-        dist.barrier()
         dist.destroy_process_group()
 
 
@@ -89,6 +89,15 @@ def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
     out: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+def broadcast_from_main(obj: Any, ctx: DistContext) -> Any:
+    """Rank 0's ``obj`` on every rank: one rank decides, all act alike (no rank left in a collective)."""
+    if not ctx.is_distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier(ctx: DistContext) -> None:

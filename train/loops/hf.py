@@ -44,7 +44,15 @@ from train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from train.distributed import DistContext, all_reduce_sum, gather_objects, init_distributed, shutdown
+from train.distributed import (
+    DistContext,
+    all_reduce_sum,
+    barrier,
+    broadcast_from_main,
+    gather_objects,
+    init_distributed,
+    shutdown,
+)
 from train.forward import packed_forward
 from train.loader import LoaderConfig, loader_state, make_loader, validate_loader_config
 from train.loss import token_loss_sum
@@ -92,7 +100,9 @@ def run(config: HFTrainConfig) -> list[StepMetrics]:
     """Train for ``config.max_steps`` optimizer steps; returns this process's step metrics."""
     ctx = init_distributed(config.device)
     try:
-        return _train(config, ctx)
+        history = _train(config, ctx)
+        barrier(ctx)
+        return history
     finally:
         shutdown()
 
@@ -193,19 +203,30 @@ def _scheduler(optimizer: torch.optim.Optimizer, config: HFTrainConfig, step: in
 
 
 def _claim_output(config: HFTrainConfig, ctx: DistContext) -> Path | None:
-    """Claim OUT for this run; with --resume return the checkpoint to continue from."""
+    """Claim OUT for this run (rank 0 decides for all); with --resume return the checkpoint."""
+    refusal = None
+    if ctx.is_main:
+        try:
+            _claim_on_main(config)
+        except TrainRunConflict as exc:
+            refusal = str(exc)
+    refusal = broadcast_from_main(refusal, ctx)
+    if refusal is not None:
+        raise TrainRunConflict(refusal)
+    checkpoint = latest_checkpoint(config.output) if config.resume else None
+    if config.resume and checkpoint is None:
+        log.warning("--resume: no checkpoint in %s yet; starting from step 0", config.output)
+    return checkpoint
+
+
+def _claim_on_main(config: HFTrainConfig) -> None:
     config.output.mkdir(parents=True, exist_ok=True)
     has_run = (config.output / METRICS_FILE).exists() or (config.output / CHECKPOINTS_DIR).exists()
     if has_run and not config.resume:
         raise TrainRunConflict(
             f"{config.output} holds a training run; pass --resume to continue it or use a new --output"
         )
-    if ctx.is_main:
-        claim_output_dir(config.output, config.fingerprint(), (CHECKPOINTS_DIR,), "train hf", TrainRunConflict)
-    checkpoint = latest_checkpoint(config.output) if config.resume else None
-    if config.resume and checkpoint is None:
-        log.warning("--resume: no checkpoint in %s yet; starting from step 0", config.output)
-    return checkpoint
+    claim_output_dir(config.output, config.fingerprint(), (CHECKPOINTS_DIR,), "train hf", TrainRunConflict)
 
 
 def _step(
