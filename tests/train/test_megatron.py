@@ -10,7 +10,6 @@ equal each sample run alone; it is skipped without CUDA + Transformer Engine.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import inspect
 import sys
 from functools import partial
@@ -35,15 +34,15 @@ from train.megatron import (
     shift_labels,
 )
 from train.megatron.cli import megatron_command
-from train.megatron.model import require_megatron_gpu
+from train.megatron.model import is_installed, require_megatron_gpu
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed"),
     pytest.mark.filterwarnings("ignore:Apex is not installed"),
 ]
 
-HAS_MEGATRON = importlib.util.find_spec("megatron.core") is not None
-HAS_TE = importlib.util.find_spec("transformer_engine") is not None
+HAS_MEGATRON = is_installed("megatron.core")
+HAS_TE = is_installed("transformer_engine")
 PAD = 0
 A0, A1, A2, B0, B1 = 11, 12, 13, 21, 22
 

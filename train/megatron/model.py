@@ -39,6 +39,14 @@ class GPTConfig:
         return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
+def is_installed(module: str) -> bool:
+    """Whether ``module`` can be imported; a missing parent package counts as missing, not an error."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def require_megatron_gpu() -> None:
     """Raise unless CUDA, megatron-core and Transformer Engine are all usable here.
 
@@ -48,9 +56,9 @@ def require_megatron_gpu() -> None:
     missing = []
     if not torch.cuda.is_available():
         missing.append(f"a CUDA GPU (torch {torch.__version__} sees none)")
-    if importlib.util.find_spec("megatron.core") is None:
+    if not is_installed("megatron.core"):
         missing.append("megatron-core")
-    if importlib.util.find_spec("transformer_engine") is None:
+    if not is_installed("transformer_engine"):
         missing.append("Transformer Engine (transformer_engine)")
     if missing:
         raise MegatronNotInstalledError(
