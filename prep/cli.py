@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 import click
 
+from prep.cli_errors import ErrorMappingGroup
 from prep.energon.cli import energon_blend_command, energon_index_command
 from prep.energon.index import EnergonIndexError, EnergonVerifyError
 from prep.example.cli import example_command
@@ -43,17 +43,11 @@ RUN_FAILURES = (
 )
 
 
-class PrepGroup(click.Group):
-    """Turns known usage errors into one-line messages instead of tracebacks."""
+class PrepGroup(ErrorMappingGroup):
+    """Known usage errors become one-line messages instead of tracebacks."""
 
-    def invoke(self, ctx: click.Context) -> object:
-        try:
-            return super().invoke(ctx)
-        except USAGE_ERRORS as exc:
-            raise click.UsageError(str(exc)) from exc
-        except RUN_FAILURES as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+    usage_errors = USAGE_ERRORS
+    run_failures = RUN_FAILURES
 
 
 @click.group(cls=PrepGroup)

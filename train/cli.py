@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from prep.cli_errors import ErrorMappingGroup
 from train.checkpoint import CheckpointError
 from train.dataset import TrainConfigError
 from train.distributed import DeviceUnavailableError
@@ -22,17 +22,11 @@ USAGE_ERRORS = (TrainConfigError, TrainRunConflict, DeviceUnavailableError, Chec
 RUN_FAILURES = (PackEncodeError,)
 
 
-class TrainGroup(click.Group):
+class TrainGroup(ErrorMappingGroup):
     """Known usage errors become one-line messages that say what to fix, not tracebacks."""
 
-    def invoke(self, ctx: click.Context) -> object:
-        try:
-            return super().invoke(ctx)
-        except USAGE_ERRORS as exc:
-            raise click.UsageError(str(exc)) from exc
-        except RUN_FAILURES as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+    usage_errors = USAGE_ERRORS
+    run_failures = RUN_FAILURES
 
 
 def _default(name: str) -> Any:
