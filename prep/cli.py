@@ -12,6 +12,7 @@ from prep.energon.index import EnergonIndexError, EnergonVerifyError
 from prep.example.cli import example_command
 from prep.pack.cli import pack_command
 from prep.pack.core import PlanInvariantError
+from prep.pack.inputs import MixedProcessorsError
 from prep.pack.stage import OversizeError, PackConservationError, PackOutputConflict
 from prep.shards.layout import ShardSizeError
 from prep.shards.read import MediaVanishedError, TokenizedPartError
@@ -29,6 +30,7 @@ USAGE_ERRORS = (
     PackOutputConflict,
     ShardSizeError,
     EnergonIndexError,
+    MixedProcessorsError,
 )
 RUN_FAILURES = (
     ErrorRateExceeded,

@@ -113,7 +113,10 @@ def tokenized_processor_class(manifest: dict) -> str | None:
     """The processor class the pack's inputs were tokenized with (None if unreachable here)."""
     classes = set()
     for item in manifest.get("inputs", []):
-        path = Path(item["path"]) / MANIFEST_FILE
+        if "processor" in item:  # recorded by `prep pack` itself
+            classes.add(item["processor"]["class"])
+            continue
+        path = Path(item["path"]) / MANIFEST_FILE  # older pack outputs: ask the tokenized directory
         if not path.is_file():
             log.warning("tokenized manifest %s not found: cannot check the processor class", path)
             return None

@@ -26,6 +26,7 @@ class TokenizedInput:
 
     root: str
     manifest_sha256: str
+    processor: dict[str, str]  # the tokenize manifest's processor identity: class, sha256, source
     parts: tuple[str, ...]
     part_rows: tuple[int, ...]
 
@@ -76,6 +77,7 @@ def load_input(root: str | Path) -> TokenizedInput:
     return TokenizedInput(
         root=str(root),
         manifest_sha256=file_sha256(manifest_path),
+        processor=dict(manifest["processor"]),
         parts=tuple(str(folder / name) for name in expected),
         part_rows=rows,
     )
@@ -83,6 +85,20 @@ def load_input(root: str | Path) -> TokenizedInput:
 
 def _ints(column: pa.ChunkedArray) -> np.ndarray:
     return column.to_numpy().astype(np.int64) if len(column) else np.zeros(0, np.int64)
+
+
+class MixedProcessorsError(ValueError):
+    """Inputs tokenized with different processor classes cannot share packs (one model trains on them)."""
+
+
+def check_same_processor(inputs: list[TokenizedInput]) -> None:
+    """Refuse to pack inputs tokenized for different model families together."""
+    classes = {i.processor.get("class") for i in inputs}
+    if len(classes) > 1:
+        listing = ", ".join(f"{i.root}: {i.processor.get('class')}" for i in inputs)
+        raise MixedProcessorsError(
+            f"inputs were tokenized with different processor classes ({listing}); pack each model's data separately"
+        )
 
 
 def load_columns(inputs: list[TokenizedInput]) -> SampleColumns:

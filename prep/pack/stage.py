@@ -29,7 +29,7 @@ import numpy as np
 
 from prep.outputs import claim_output_dir
 from prep.pack.core import PackPlan, plan_packs, verify_plan
-from prep.pack.inputs import SampleColumns, TokenizedInput, load_columns, load_input
+from prep.pack.inputs import SampleColumns, TokenizedInput, check_same_processor, load_columns, load_input
 from prep.pack.stats import pack_statistics, write_pack_table
 from prep.shards.layout import cut_shards, estimate_pack_bytes, parse_shard_size
 from prep.shards.read import sample_media_bytes
@@ -166,7 +166,10 @@ class PackJob:
 
     @property
     def run_inputs(self) -> list[dict[str, Any]]:
-        return [{"path": i.root, "manifest_sha256": i.manifest_sha256, "samples": i.num_samples} for i in self.inputs]
+        return [
+            {"path": i.root, "manifest_sha256": i.manifest_sha256, "processor": i.processor, "samples": i.num_samples}
+            for i in self.inputs
+        ]
 
 
 def plan_pack(config: PackConfig) -> PackJob:
@@ -179,6 +182,7 @@ def plan_pack(config: PackConfig) -> PackJob:
     if config.oversize not in OVERSIZE_POLICIES:
         raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {config.oversize!r}")
     inputs = [load_input(root) for root in config.inputs]
+    check_same_processor(inputs)
     cols = load_columns(inputs)
     plan = _plan(config, cols)
     oversize = _oversize_report(plan, cols)
@@ -205,7 +209,9 @@ def run_pack(config: PackConfig) -> dict[str, Any]:
     fingerprint = config.output_fields()
     job = plan_pack(config)
     out = Path(config.output_dir)
-    claim_output_dir(out, {"config": fingerprint, "inputs": job.run_inputs}, (SHARDS_DIR,), "prep pack", PackOutputConflict)
+    claim_output_dir(
+        out, {"config": fingerprint, "inputs": job.run_inputs}, (SHARDS_DIR,), "prep pack", PackOutputConflict
+    )
     pending = [t.to_json() for t in job.tasks if not (out / SHARDS_DIR / shard_name(t.shard)).exists()]
     log.info(
         "pack: %d packs in %d shards, %d to write (%s executor)",

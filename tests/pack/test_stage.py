@@ -297,3 +297,19 @@ def test_ray_worker_errors_surface_as_ours(private_example, tmp_path, ray_sessio
     with pytest.raises(MediaVanishedError, match="vanished since tokenize") as err:
         pack([tok], tmp_path / "o", shard_size="2packs", executor="ray", num_workers=1)
     assert str(err.value).startswith("sample ") and ref in str(err.value)
+
+
+def test_manifest_records_the_processor_and_mixed_processors_are_refused(packed, tok, tmp_path):
+    _, manifest = packed
+    tokenized = json.loads((tok / MANIFEST_FILE).read_text())
+    assert [i["processor"] for i in manifest["inputs"]] == [tokenized["processor"]]
+    other = tmp_path / "other-tok"
+    shutil.copytree(tok, other)
+    foreign = {**tokenized, "processor": {**tokenized["processor"], "class": "Qwen3VLProcessor"}}
+    (other / MANIFEST_FILE).write_text(json.dumps(foreign))
+    result = CliRunner().invoke(
+        main, ["pack", str(tok), str(other), "--output", str(tmp_path / "out"), "--pack-size", "4096"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "Qwen3VLProcessor" in result.output and "Qwen2VLProcessor" in result.output
+    assert not (tmp_path / "out").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import shutil
 from pathlib import Path
 
@@ -170,6 +171,19 @@ def test_processor_of_another_class(images, processor_dirs):
         open_packed_dataset(images.path, str(processor_dirs["qwen3_vl"]))
     with pytest.raises(TrainConfigError, match="Qwen3VLProcessor"):
         make_loader(_config(images, processor=str(processor_dirs["qwen3_vl"])))
+
+
+def test_processor_class_comes_from_the_pack_manifest_alone(images, processor_dirs, tmp_path):
+    """The check holds after the tokenized inputs are moved away: `prep pack` recorded the processor."""
+    copy = tmp_path / "packed"
+    shutil.copytree(images.path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for item in manifest["inputs"]:
+        item["path"] = str(tmp_path / "moved-away")
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert open_packed_dataset(copy).processor_class == "Qwen2VLProcessor"
+    with pytest.raises(TrainConfigError, match="tokenized with a Qwen2VLProcessor"):
+        open_packed_dataset(copy, str(processor_dirs["qwen3_vl"]))
 
 
 def test_more_workers_than_packs(images):
