@@ -4,6 +4,7 @@ Directory (``OUT``)::
 
     OUT/_run.json                          the run's options (a rerun without --resume is refused)
     OUT/metrics.jsonl                      one StepMetrics line per optimizer step
+    OUT/train.log                          the plain-text log of rank 0 (appended on resume)
     OUT/checkpoints/latest                 text: name of the newest complete checkpoint
     OUT/checkpoints/step-00000010/         written as .tmp-step-00000010 then renamed
         config.json, model.safetensors     ``save_pretrained``: loads in plain transformers
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 TRAIN_LAYOUT_VERSION = 1
 METRICS_FILE = "metrics.jsonl"
+LOG_FILE = "train.log"
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
 TRAINER_STATE_FILE = "trainer_state.pt"

@@ -91,6 +91,8 @@ def test_thirty_steps_lower_the_loss_and_leave_a_loadable_checkpoint(run_inputs,
     metrics = _train(run_inputs, tmp_path / "run", "--max-steps", "30", "--save-every", "10", "--lr", "3e-3")
     losses = [m["loss"] for m in metrics]
     assert len(losses) == 30
+    log_lines = [ln for ln in (tmp_path / "run" / "train.log").read_text().splitlines() if " step " in ln]
+    assert len(log_lines) == 30 and "step 30/30 loss" in log_lines[-1]
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses
     for m in metrics:
         assert m["num_real_tokens"] == m["num_tokens"]  # no --pad-to-multiple-of: no padding at all

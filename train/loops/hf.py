@@ -32,7 +32,7 @@ from tqdm import tqdm
 from transformers import get_scheduler
 
 from prep.outputs import claim_output_dir
-from schemas.train import CHECKPOINTS_DIR, METRICS_FILE
+from schemas.train import CHECKPOINTS_DIR, LOG_FILE, METRICS_FILE
 from train.attention import select_attention
 from train.batch import PackedBatch
 from train.checkpoint import (
@@ -105,6 +105,7 @@ def run(config: HFTrainConfig) -> list[StepMetrics]:
         return history
     finally:
         shutdown()
+        _detach_log_file(config.output / LOG_FILE)
 
 
 def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
@@ -121,6 +122,8 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     )
     info = validate_loader_config(loader_config)  # fail fast, before a model is built
     checkpoint = _claim_output(config, ctx)
+    if ctx.is_main:
+        _attach_log_file(config.output / LOG_FILE)
     attention = select_attention(ctx.device)
     model = load_model(
         checkpoint or config.model,
@@ -183,6 +186,24 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             log.info("checkpoint %s", path)
     progress.close()
     return history
+
+
+def _attach_log_file(path: Path) -> None:
+    """Copy this process's log lines into ``OUT/train.log`` (appended, so a resumed run continues it)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    package = logging.getLogger("train")
+    if package.getEffectiveLevel() > logging.INFO:  # the step lines are INFO: the file must get them
+        package.setLevel(logging.INFO)
+
+
+def _detach_log_file(path: Path) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename == str(path.resolve()):
+            root.removeHandler(handler)
+            handler.close()
 
 
 def _scheduler(optimizer: torch.optim.Optimizer, config: HFTrainConfig, step: int) -> Any:
