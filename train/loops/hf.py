@@ -55,7 +55,7 @@ from train.distributed import (
 )
 from train.forward import packed_forward
 from train.loader import LoaderConfig, loader_state, make_loader, validate_loader_config
-from train.loss import token_loss_sum
+from train.loss import global_label_tokens, token_loss_sum
 from train.metrics import MetricsWriter, StepMetrics
 from train.models import load_model
 
@@ -261,7 +261,7 @@ def _step(
 ) -> StepMetrics:
     """One optimizer step over this rank's micro-batches; loss normalised by global label tokens."""
     started = time.perf_counter()
-    num_label_tokens = all_reduce_sum(sum(b.num_label_tokens for b in micro), ctx)
+    num_label_tokens = global_label_tokens(micro)  # the normaliser: every label token of the global batch
     loss_sum = 0.0
     for batch in micro:
         batch = batch.to(ctx.device)
