@@ -5,8 +5,11 @@ then ``convert("RGB")``: alpha is dropped, palette/grey expanded) - the rules `p
 assumed when it counted tokens from headers - and run through the loaded image processor one
 image at a time (one call per pack gives identical tensors and is no faster, and per-image
 calls name the failing item). Videos: exactly the frames listed in ``frame_indices`` are
-decoded with PyAV (``rgb24``, as transformers' PyAV reader does) and given to the processor's
-video processor with ``do_sample_frames=False``.
+decoded with PyAV (``rgb24``, as transformers' PyAV reader ``load_video(backend="pyav")`` does)
+and given to the processor's video processor with ``do_sample_frames=False``. Note that a
+processor given a video *path* decodes with torchcodec by default (it needs system FFmpeg);
+torchcodec's RGB conversion is not checked to be bit-identical to PyAV's.
+`tests/train/test_video.py` checks this path against the real processors (needs torchvision).
 
 Every grid the processor returns must equal the ``grid_thw`` stored at tokenize time: that is
 what keeps the token plan exact end to end; otherwise `GridMismatchError`. Every error here
