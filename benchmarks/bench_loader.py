@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 import transformers
+from machine import cpu_model
 
 from prep.energon.index import index_dataset
 from prep.example.media import make_image_bytes
@@ -258,14 +259,6 @@ def packed_fractions(lengths: np.ndarray, pack_size: int, seed: int) -> tuple[np
     fit = lengths[lengths <= pack_size]
     loads = np.asarray([fit[plan.pack(p)].sum() for p in range(plan.num_packs)], dtype=np.float64)
     return loads / loads, loads / pack_size, float(fit.sum()) / (plan.lb2 * pack_size)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next(line.split(":", 1)[1].strip() for line in info if "model name" in line)
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def print_machine() -> None:

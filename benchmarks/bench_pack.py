@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+from machine import cpu_model
 
 from prep.pack.baselines import ffd_pack, heap_worst_fit_pack, next_fit_pack, windowed_ffd_pack
 from prep.pack.core import lower_bound_l2, plan_packs, verify_plan
@@ -137,14 +138,6 @@ def run_case(
             )
         )
     return rows, (argsort_s, stable_s), lengths.size - fit.size
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next(line.split(":", 1)[1].strip() for line in info if "model name" in line)
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def print_machine() -> None:

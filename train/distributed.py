@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -98,6 +99,26 @@ def broadcast_from_main(obj: Any, ctx: DistContext) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_reduce_grads(model: torch.nn.Module, ctx: DistContext, divide_by: float = 1.0) -> None:
+    """Sum gradients over ranks in one flat buffer, then divide by ``divide_by``.
+
+    Parameters without a gradient on this rank (a vision tower on a text-only micro-batch)
+    count as zero, so every rank joins the same all-reduce; DDP's bucket hooks would instead
+    report them as unused parameters.
+    """
+    if not ctx.is_distributed and divide_by == 1.0:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = _flatten_dense_tensors(grads)
+    if ctx.is_distributed:
+        dist.all_reduce(flat)
+    if divide_by != 1.0:
+        flat.div_(divide_by)
+    for param, synced in zip(params, _unflatten_dense_tensors(flat, grads)):
+        param.grad = synced
 
 
 def barrier(ctx: DistContext) -> None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from schemas.layout import TMP_PREFIX
+from train.batch import PackedBatch
+from train.distributed import DistContext, gather_objects
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,6 +44,50 @@ class StepMetrics:
             f"label_tokens {self.num_label_tokens} tokens/s {self.tokens_per_s:,.0f} "
             f"real {100 * self.real_token_fraction:.2f}% media/rank {self.media} patches/rank {self.vision_patches}"
         )
+
+
+def collect_step_metrics(
+    *,
+    step: int,
+    micro: list[PackedBatch],
+    ctx: DistContext,
+    loss_sum: float,
+    num_label_tokens: int,
+    lr: float,
+    grad_norm: float,
+    started: float,
+) -> StepMetrics:
+    """This rank's share of a step, gathered from every rank in one collective and summed.
+
+    Args:
+        loss_sum: this rank's summed token loss (the step's ``loss`` is the global sum / ``num_label_tokens``).
+        num_label_tokens: label tokens of the whole global batch (already reduced).
+        started: ``time.perf_counter()`` at the start of the step.
+    """
+    local = (
+        [key for b in micro for key in b.pack_keys],
+        sum(b.num_media for b in micro),
+        sum(b.num_vision_patches for b in micro),
+        float(loss_sum),
+        sum(b.num_tokens for b in micro),
+        sum(b.num_real_tokens for b in micro),
+    )
+    ranks = gather_objects(local, ctx)
+    num_tokens = sum(r[4] for r in ranks)
+    elapsed = max(time.perf_counter() - started, 1e-9)
+    return StepMetrics(
+        step=step,
+        loss=sum(r[3] for r in ranks) / max(num_label_tokens, 1),
+        num_label_tokens=int(num_label_tokens),
+        num_tokens=num_tokens,
+        num_real_tokens=sum(r[5] for r in ranks),
+        lr=float(lr),
+        grad_norm=float(grad_norm),
+        tokens_per_s=num_tokens / elapsed,
+        pack_keys=[r[0] for r in ranks],
+        media=[r[1] for r in ranks],
+        vision_patches=[r[2] for r in ranks],
+    )
 
 
 class MetricsWriter:

@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from tqdm import tqdm
 from transformers import get_scheduler
 
@@ -46,17 +44,16 @@ from train.checkpoint import (
 )
 from train.distributed import (
     DistContext,
-    all_reduce_sum,
+    all_reduce_grads,
     barrier,
     broadcast_from_main,
-    gather_objects,
     init_distributed,
     shutdown,
 )
 from train.forward import packed_forward
 from train.loader import LoaderConfig, loader_state, make_loader, validate_loader_config
 from train.loss import global_label_tokens, token_loss_sum
-from train.metrics import MetricsWriter, StepMetrics
+from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
 
 log = logging.getLogger(__name__)
@@ -270,36 +267,21 @@ def _step(
         summed, _ = token_loss_sum(logits, batch.labels)
         (summed / max(num_label_tokens, 1.0)).backward()
         loss_sum += float(summed.detach())
-    _all_reduce_grads(model, ctx)
+    all_reduce_grads(model, ctx)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    loss = all_reduce_sum(loss_sum, ctx) / max(num_label_tokens, 1.0)
-    num_tokens = all_reduce_sum(sum(b.num_tokens for b in micro), ctx)
-    num_real = all_reduce_sum(sum(b.num_real_tokens for b in micro), ctx)
-    per_rank = gather_objects(
-        (
-            [key for b in micro for key in b.pack_keys],
-            sum(b.num_media for b in micro),
-            sum(b.num_vision_patches for b in micro),
-        ),
-        ctx,
-    )
-    elapsed = max(time.perf_counter() - started, 1e-9)
-    return StepMetrics(
+    return collect_step_metrics(
         step=step,
-        loss=loss,
-        num_label_tokens=int(num_label_tokens),
-        num_tokens=int(num_tokens),
-        num_real_tokens=int(num_real),
-        lr=float(lr),
+        micro=micro,
+        ctx=ctx,
+        loss_sum=loss_sum,
+        num_label_tokens=num_label_tokens,
+        lr=lr,
         grad_norm=float(grad_norm),
-        tokens_per_s=num_tokens / elapsed,
-        pack_keys=[keys for keys, _, _ in per_rank],
-        media=[media for _, media, _ in per_rank],
-        vision_patches=[patches for _, _, patches in per_rank],
+        started=started,
     )
 
 
@@ -308,15 +290,3 @@ def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
-
-
-def _all_reduce_grads(model: Any, ctx: DistContext) -> None:
-    """Sum gradients over ranks in one flat buffer; parameters unused on a rank count as zero."""
-    if not ctx.is_distributed:
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat)
-    for param, synced in zip(params, _unflatten_dense_tensors(flat, grads)):
-        param.grad = synced

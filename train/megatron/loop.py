@@ -32,16 +32,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from prep.outputs import claim_output_dir
 from prep.tokenize.processor import load_processor
 from schemas.train import METRICS_FILE
 from train.batch import PackedBatch
-from train.distributed import DistContext, all_reduce_sum, gather_objects, init_distributed
+from train.distributed import DistContext, all_reduce_grads, all_reduce_sum, init_distributed
 from train.megatron.model import GPTConfig, build_gpt_model, require_megatron_gpu
 from train.megatron.step import forward_step
-from train.metrics import MetricsWriter, StepMetrics
+from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 
 log = logging.getLogger(__name__)
 MODEL_FILE = "model.pt"
@@ -209,46 +208,21 @@ def train_step(
         loss.backward()
         loss_sum += loss.detach()
         local_tokens += int(num_tokens)
-    global_tokens = all_reduce_sum(local_tokens, ctx)
-    _finalize_grads(model, ctx, max(global_tokens, 1.0))
+    global_tokens = int(all_reduce_sum(local_tokens, ctx))
+    all_reduce_grads(model, ctx, divide_by=max(global_tokens, 1))
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    per_rank = gather_objects(
-        (
-            [key for b in micro for key in b.pack_keys],
-            sum(b.num_media for b in micro),
-            sum(b.num_vision_patches for b in micro),
-        ),
-        ctx,
-    )
-    num_tokens = all_reduce_sum(sum(b.num_tokens for b in micro), ctx)
-    elapsed = max(time.perf_counter() - started, 1e-9)
-    return StepMetrics(
+    return collect_step_metrics(
         step=step,
-        loss=all_reduce_sum(float(loss_sum), ctx) / max(global_tokens, 1.0),
-        num_label_tokens=int(global_tokens),
-        num_tokens=int(num_tokens),
-        num_real_tokens=int(all_reduce_sum(sum(b.num_real_tokens for b in micro), ctx)),
+        micro=micro,
+        ctx=ctx,
+        loss_sum=float(loss_sum),
+        num_label_tokens=global_tokens,
         lr=float(optimizer.param_groups[0]["lr"]),
         grad_norm=float(grad_norm),
-        tokens_per_s=num_tokens / elapsed,
-        pack_keys=[keys for keys, _, _ in per_rank],
-        media=[media for _, media, _ in per_rank],
-        vision_patches=[patches for _, _, patches in per_rank],
+        started=started,
     )
-
-
-def _finalize_grads(model: torch.nn.Module, ctx: DistContext, global_tokens: float) -> None:
-    """Sum gradients over ranks (one flat all-reduce) and divide by the global label tokens."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = _flatten_dense_tensors(grads)
-    if ctx.is_distributed:
-        dist.all_reduce(flat)
-    flat.div_(global_tokens)
-    for param, synced in zip(params, _unflatten_dense_tensors(flat, grads)):
-        param.grad = synced
 
 
 def _free_port() -> int:
