@@ -1,0 +1,84 @@
+"""The example pipeline whose output bytes a refactor must not change.
+
+It runs at a fixed path because tokenized rows and pack metadata record absolute media and
+source paths; the recorded digests hold only for that path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+
+ROOT = Path("/tmp/packvlm-golden")
+COMMANDS = (
+    "prep example ./data",
+    "prep tokenize --dataset-config ./data/dataset_info.json --processor ./data/processor"
+    " --output ./tok --executor local --verify-fraction 0.3",
+    "prep pack ./tok --output ./packed --pack-size 4096 --executor local",
+    "prep pack ./tok --output ./packed8 --pack-size 2048 --pad-to-multiple-of 8"
+    " --shard-size 1packs --executor local",
+)
+# Columns of the tokenized tables as of schema version 1; later versions may add columns.
+V1_COLUMNS = {
+    "samples": (
+        "sample_id", "dataset", "source", "line", "copy", "input_ids", "loss_mask",
+        "num_tokens", "num_text_tokens", "num_media_tokens", "media",
+    ),
+}
+V1_MEDIA_FIELDS = (
+    "kind", "ref", "width", "height", "grid_t", "grid_h", "grid_w", "num_tokens",
+    "frame_indices", "timestamps",
+)
+
+
+def run(root: Path = ROOT) -> None:
+    """Run the example pipeline from scratch under ``root``."""
+    subprocess.run(["rm", "-rf", str(root)], check=True)
+    root.mkdir(parents=True)
+    for command in COMMANDS:
+        subprocess.run(command.split(), cwd=root, check=True, capture_output=True)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _table_digest(path: Path, kind: str) -> str:
+    """Digest of a tokenized part's version-1 content (rows and metadata counts)."""
+    table = pa.ipc.open_file(path).read_all()
+    if kind in V1_COLUMNS:
+        table = table.select(list(V1_COLUMNS[kind]))
+    rows = table.to_pylist()
+    for row in rows:
+        if "media" in row:
+            row["media"] = [{k: m[k] for k in V1_MEDIA_FIELDS} for m in row["media"]]
+    meta = {
+        k.decode(): v.decode()
+        for k, v in (table.schema.metadata or {}).items()
+        if k in (b"verified", b"verify_skipped")
+    }
+    return _sha(json.dumps({"rows": rows, "meta": meta}, sort_keys=True).encode())
+
+
+def digests(root: Path = ROOT) -> dict[str, str]:
+    """sha256 of every shard and example media file; content digests of tokenized parts."""
+    out = {}
+    for path in sorted((root / "data" / "media").rglob("*")):
+        if path.is_file():
+            out[str(path.relative_to(root))] = _sha(path.read_bytes())
+    for kind in ("samples", "errors"):
+        for path in sorted((root / "tok" / kind).glob("*.arrow")):
+            out[str(path.relative_to(root))] = _table_digest(path, kind)
+    for packed in ("packed", "packed8"):
+        for path in sorted((root / packed / "shards").glob("*.tar")):
+            out[str(path.relative_to(root))] = _sha(path.read_bytes())
+    return out
+
+
+if __name__ == "__main__":
+    run()
+    print(json.dumps(digests(), indent=1, sort_keys=True))
