@@ -109,9 +109,7 @@ def warm_up() -> None:
         packer(small[small <= 4096], 4096)
 
 
-def run_case(
-    name: str, n: int, pack_size: int, repeats: int, skip: set[str]
-) -> tuple[list[Row], float, int]:
+def run_case(name: str, n: int, pack_size: int, repeats: int, skip: set[str]) -> tuple[list[Row], float, int]:
     lengths = make_lengths(name, n, seed=0)
     fit = lengths[lengths <= pack_size]
     lb2 = lower_bound_l2(fit, pack_size)
@@ -156,10 +154,7 @@ def print_case(rows: list[Row], sorts: tuple[float, float], dropped: int) -> Non
         f"LB2={first.lb2:,}  dropped(>pack_size)={dropped:,}  argsort={argsort_s:.3f}s"
         f"  stable argsort={stable_s:.3f}s"
     )
-    print(
-        f"  {'packer':<20}{'packs':>12}{'gap LB2 %':>11}{'effic.':>9}{'seconds':>9}"
-        f"{'x argsort':>11}"
-    )
+    print(f"  {'packer':<20}{'packs':>12}{'gap LB2 %':>11}{'effic.':>9}{'seconds':>9}{'x argsort':>11}")
     for row in rows:
         print(
             f"  {row.packer:<20}{row.num_packs:>12,}{row.gap_pct:>11.4f}"

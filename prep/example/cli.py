@@ -43,9 +43,7 @@ logger = logging.getLogger(__name__)
     show_default=True,
     help="Include one bad row per error reason.",
 )
-def example_command(
-    out_dir: Path, num_samples: int, seed: int, family: str, bad_rows: bool
-) -> None:
+def example_command(out_dir: Path, num_samples: int, seed: int, family: str, bad_rows: bool) -> None:
     """Write a tiny Qwen-VL processor, model config and multimodal ShareGPT dataset to OUT_DIR (offline)."""
     config_path = write_example_dataset(
         out_dir, num_samples=num_samples, seed=seed, with_bad_rows=bad_rows, family=family

@@ -83,9 +83,7 @@ def _write_media(media_dir: Path) -> dict[str, str]:
     return refs
 
 
-def _write_chat(
-    path: Path, m: dict[str, str], num_samples: int, seed: int, with_bad: bool
-) -> dict[str, Any]:
+def _write_chat(path: Path, m: dict[str, str], num_samples: int, seed: int, with_bad: bool) -> dict[str, Any]:
     """Write chat.jsonl; return its oracle entry (rows, samples, errors, named rows)."""
     rng = random.Random(seed)
     named = list(named_chat_rows(m).items())[:num_samples]
@@ -109,9 +107,7 @@ def _write_chat(
     return {"rows": len(lines), "samples": len(good), "errors": errors, "named_rows": named_lines}
 
 
-def _write_sharegpt(
-    path: Path, m: dict[str, str], num_records: int, seed: int, with_bad: bool
-) -> dict[str, Any]:
+def _write_sharegpt(path: Path, m: dict[str, str], num_records: int, seed: int, with_bad: bool) -> dict[str, Any]:
     """Write the JSON-array dataset; return its oracle entry."""
     records, errors = sharegpt_records(m, num_records, seed, with_bad)
     path.write_text(json.dumps(records, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
@@ -145,9 +141,7 @@ def write_example_dataset(
     refs = _write_media(out_dir / "media")
     (out_dir / "data").mkdir(parents=True, exist_ok=True)
     expected = {
-        "chat": _write_chat(
-            out_dir / "data" / "chat.jsonl", refs, num_samples, seed, with_bad_rows
-        ),
+        "chat": _write_chat(out_dir / "data" / "chat.jsonl", refs, num_samples, seed, with_bad_rows),
         "sharegpt_json": _write_sharegpt(
             out_dir / "data" / "sharegpt.json", refs, max(1, num_samples // 4), seed, with_bad_rows
         ),
@@ -171,8 +165,6 @@ def write_example_dataset(
     }
     config_path = out_dir / CONFIG_FILE
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    (out_dir / EXPECTED_FILE).write_text(
-        json.dumps(expected, indent=2, ensure_ascii=False) + "\n", "utf-8"
-    )
+    (out_dir / EXPECTED_FILE).write_text(json.dumps(expected, indent=2, ensure_ascii=False) + "\n", "utf-8")
     logger.info("wrote example dataset (%s) to %s", family, config_path)
     return config_path

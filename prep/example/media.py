@@ -196,9 +196,7 @@ def write_video(
     """
     path = Path(path)
     if path.suffix not in VIDEO_FORMATS:
-        raise ValueError(
-            f"unsupported video suffix {path.suffix!r}; use one of {sorted(VIDEO_FORMATS)}"
-        )
+        raise ValueError(f"unsupported video suffix {path.suffix!r}; use one of {sorted(VIDEO_FORMATS)}")
     container_format, default_codec = VIDEO_FORMATS[path.suffix]
     if width % 2 or height % 2:
         raise ValueError(f"yuv420p needs even width and height, got {width}x{height}")
@@ -206,17 +204,13 @@ def write_video(
     base = _pixels(width, height, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     # bitexact: no random segment UID / date in Matroska, no version strings in headers.
-    with av.open(
-        str(path), "w", format=container_format, options={"fflags": "+bitexact"}
-    ) as container:
+    with av.open(str(path), "w", format=container_format, options={"fflags": "+bitexact"}) as container:
         stream = container.add_stream(codec or default_codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.time_base = 1 / rate
         stream.codec_context.thread_count = 1
         for index in range(num_frames):
-            frame = av.VideoFrame.from_ndarray(
-                _frame_yuv420p(index, num_frames, base), format="yuv420p"
-            )
+            frame = av.VideoFrame.from_ndarray(_frame_yuv420p(index, num_frames, base), format="yuv420p")
             frame.pts, frame.time_base = index, stream.codec_context.time_base
             for packet in stream.encode(frame):
                 container.mux(packet)

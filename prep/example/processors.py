@@ -121,9 +121,7 @@ def _model_config(family: str, tokenizer: Tokenizer) -> dict[str, Any]:
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(
-        json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n", "utf-8"
-    )
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n", "utf-8")
 
 
 def build_processor_dir(out_dir: Path, family: str = "qwen2_vl") -> Path:

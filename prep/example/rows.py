@@ -33,9 +33,7 @@ ANSWERS = (
 )
 
 
-def chat(
-    turns: list[tuple[str, str]], images: Sequence[str] = (), videos: Sequence[str] = ()
-) -> dict[str, Any]:
+def chat(turns: list[tuple[str, str]], images: Sequence[str] = (), videos: Sequence[str] = ()) -> dict[str, Any]:
     """A record in OpenAI spelling; ``turns`` are (role, content) pairs."""
     record: dict[str, Any] = {"messages": [{"role": r, "content": c} for r, c in turns]}
     if images:
@@ -50,12 +48,8 @@ def named_chat_rows(m: dict[str, str]) -> dict[str, dict]:
     u, a = "user", "assistant"
     rows = {
         "text_only": chat([(u, "What is 2 + 2?"), (a, "2 + 2 = 4.")]),
-        "image_file": chat(
-            [(u, "<image>Describe this picture."), (a, ANSWERS[0])], [m["photo_640x480"]]
-        ),
-        "image_lmdb": chat(
-            [(u, "<image>What colour dominates?"), (a, "Green.")], [m["lmdb:photo_800x600.jpg"]]
-        ),
+        "image_file": chat([(u, "<image>Describe this picture."), (a, ANSWERS[0])], [m["photo_640x480"]]),
+        "image_lmdb": chat([(u, "<image>What colour dominates?"), (a, "Green.")], [m["lmdb:photo_800x600.jpg"]]),
         "multi_image": chat(
             [(u, "Compare <image> with <image> and <image>."), (a, "The second one is rotated.")],
             [m["photo_1024x768"], m["lmdb:exif_rot6_320x240.jpg"], m["exif_rot6_640x480"]],
@@ -84,9 +78,7 @@ def named_chat_rows(m: dict[str, str]) -> dict[str, dict]:
             [m["photo_640x480"], m["tiny_10x10"]],
         ),
         "assistant_leading_newlines": chat([(u, "Say hi."), (a, "\n\nHi!\n")]),
-        "cjk_emoji": chat(
-            [(u, "这张图片里有什么？😀 <image>"), (a, "一张渐变图。🐱✨")], [m["gray_256x256"]]
-        ),
+        "cjk_emoji": chat([(u, "这张图片里有什么？😀 <image>"), (a, "一张渐变图。🐱✨")], [m["gray_256x256"]]),
         "literal_im_start": chat(
             [(u, "<image>Print the text <|im_start|> verbatim."), (a, "Printed it.")],
             [m["photo_640x480"]],
@@ -97,9 +89,7 @@ def named_chat_rows(m: dict[str, str]) -> dict[str, dict]:
             [m["photo_640x480"]],
             [m["clip_64x48_8f_4fps"]],
         ),
-        "lmdb_unicode_key": chat(
-            [(u, "<image>Describe."), (a, "Stripes.")], [m["lmdb:nested/图片_01.jpg"]]
-        ),
+        "lmdb_unicode_key": chat([(u, "<image>Describe."), (a, "Stripes.")], [m["lmdb:nested/图片_01.jpg"]]),
     }
     edge_images = (
         "exif_rot8_640x480",
@@ -115,9 +105,7 @@ def named_chat_rows(m: dict[str, str]) -> dict[str, dict]:
             [(u, "<image>What is it?"), (a, "An image.")], [m[name]]
         )
     for name in sorted(k for k in m if k.startswith("clip_")):
-        rows[f"video_{name}"] = chat(
-            [(u, "Summarise: <video>"), (a, "A bar moves.")], videos=[m[name]]
-        )
+        rows[f"video_{name}"] = chat([(u, "Summarise: <video>"), (a, "A bar moves.")], videos=[m[name]])
     return rows
 
 
@@ -129,14 +117,10 @@ def random_chat_row(rng: random.Random, m: dict[str, str]) -> dict[str, Any]:
     if kind == 0:
         return chat([("user", question), ("assistant", answer)])
     if kind == 1:
-        return chat(
-            [("user", f"<image>{question}"), ("assistant", answer)], [m[rng.choice(photos)]]
-        )
+        return chat([("user", f"<image>{question}"), ("assistant", answer)], [m[rng.choice(photos)]])
     if kind == 2:
         pair = rng.sample(photos, 2)
-        return chat(
-            [("user", f"<image>\n<image>\n{question}"), ("assistant", answer)], [m[p] for p in pair]
-        )
+        return chat([("user", f"<image>\n<image>\n{question}"), ("assistant", answer)], [m[p] for p in pair])
     clip = rng.choice(["clip_64x48_8f_4fps", "clip_160x120_30f_30fps"])
     return chat([("user", f"<video>{question}"), ("assistant", answer)], videos=[m[clip]])
 
@@ -182,9 +166,7 @@ def bad_chat_rows(m: dict[str, str]) -> list[tuple[bytes, Reason]]:
     ]
 
 
-def sharegpt(
-    turns: list[tuple[str, str]], images: list[str], system: str | None = None
-) -> dict[str, Any]:
+def sharegpt(turns: list[tuple[str, str]], images: list[str], system: str | None = None) -> dict[str, Any]:
     """A record in from/value spelling; ``system`` fills the record-level system column."""
     record: dict[str, Any] = {
         "conversations": [{"from": f, "value": v} for f, v in turns],
@@ -223,9 +205,7 @@ def sharegpt_records(
     ][:num_records]
     while len(records) < num_records:
         photo = rng.choice(["photo_640x480", "photo_1024x768", "lmdb:nested/图片_01.jpg"])
-        records.append(
-            sharegpt([(h, f"<image>{rng.choice(QUESTIONS)}"), (g, rng.choice(ANSWERS))], [m[photo]])
-        )
+        records.append(sharegpt([(h, f"<image>{rng.choice(QUESTIONS)}"), (g, rng.choice(ANSWERS))], [m[photo]]))
     errors: dict[str, str] = {}
     if with_bad:
         errors[str(len(records))] = Reason.MEDIA_TAG_MISMATCH.value

@@ -135,13 +135,9 @@ def _trained_bpe_json() -> str:
 def build_tokenizer(family: str) -> Tokenizer:
     """Trained BPE plus the Qwen added tokens, whose ids follow the BPE vocab."""
     tokenizer = Tokenizer.from_str(_trained_bpe_json())
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
-    )
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     if family == "qwen3_vl":
-        tokenizer.add_tokens(
-            [AddedToken(t, special=False, normalized=False) for t in QWEN3_EXTRA_TOKENS]
-        )
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_EXTRA_TOKENS])
     return tokenizer
 
 
@@ -164,9 +160,7 @@ def tokenizer_config(family: str, first_added_id: int) -> dict[str, Any]:
     return {
         "add_bos_token": False,
         "add_prefix_space": False,
-        "added_tokens_decoder": {
-            str(first_added_id + i): _added_token_entry(t, s) for i, (t, s) in enumerate(added)
-        },
+        "added_tokens_decoder": {str(first_added_id + i): _added_token_entry(t, s) for i, (t, s) in enumerate(added)},
         "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
         "bos_token": None,
         "clean_up_tokenization_spaces": False,

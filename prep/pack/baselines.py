@@ -101,9 +101,7 @@ def _windowed_ffd(sizes: np.ndarray, capacity: int, window: int) -> tuple[np.nda
     return pack_of, num
 
 
-def windowed_ffd_pack(
-    lengths: np.ndarray, capacity: int, window: int = 1000
-) -> tuple[np.ndarray, int]:
+def windowed_ffd_pack(lengths: np.ndarray, capacity: int, window: int = 1000) -> tuple[np.ndarray, int]:
     """FFD within consecutive windows of `window` samples in input order."""
     lengths = np.asarray(lengths, dtype=np.int64)
     _check(lengths, capacity)
@@ -156,9 +154,7 @@ def _heap_worst_fit(sizes: np.ndarray, limit: int) -> tuple[np.ndarray, int]:
     return pack_of, num
 
 
-def heap_worst_fit_pack(
-    lengths: np.ndarray, capacity: int, capacity_ratio: float = 0.9
-) -> tuple[np.ndarray, int]:
+def heap_worst_fit_pack(lengths: np.ndarray, capacity: int, capacity_ratio: float = 0.9) -> tuple[np.ndarray, int]:
     """Worst fit decreasing with a min-heap on fill, packing to capacity_ratio x capacity.
 
     Samples longer than the scaled capacity (but within `capacity`) get a pack each, so the

@@ -179,9 +179,7 @@ def bfd_pack(sizes: np.ndarray, capacity: int, max_items: int) -> tuple[np.ndarr
 
 
 @njit(cache=True)
-def _group_by_pack(
-    pack_of: np.ndarray, rank: np.ndarray, items: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def _group_by_pack(pack_of: np.ndarray, rank: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """CSR of `items` by output pack `rank[pack_of]`, stable, in one pass: offsets, items."""
     num = rank.size
     offsets = np.zeros(num + 1, np.int64)
@@ -198,9 +196,7 @@ def _group_by_pack(
     return offsets, grouped
 
 
-def _pack_sequence(
-    num: int, loads: np.ndarray | None, group_size: int, rng: np.random.Generator
-) -> np.ndarray:
+def _pack_sequence(num: int, loads: np.ndarray | None, group_size: int, rng: np.random.Generator) -> np.ndarray:
     """Pack ids in output order: a shuffle, or media-balanced groups when `loads` is given.
 
     Balanced: sort packs by media load (ties random), cut into groups of `group_size`

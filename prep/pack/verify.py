@@ -33,12 +33,7 @@ def verify_plan(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> None:
         )
     offsets, items = plan.pack_offsets, plan.item_order
     sizes = np.diff(offsets)
-    if (
-        offsets.size != plan.num_packs + 1
-        or offsets[0] != 0
-        or offsets[-1] != items.size
-        or np.any(sizes < 1)
-    ):
+    if offsets.size != plan.num_packs + 1 or offsets[0] != 0 or offsets[-1] != items.size or np.any(sizes < 1):
         raise PlanInvariantError("pack_offsets are not CSR offsets of non-empty packs: rebuild")
     placed = np.concatenate([items, plan.oversize])
     if placed.size and (placed.min() < 0 or placed.max() >= n):
@@ -63,9 +58,7 @@ def verify_plan(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> None:
     cap = plan.max_samples_per_pack
     if cap is not None and sizes.size and sizes.max() > cap:
         p = int(np.argmax(sizes))
-        raise PlanInvariantError(
-            f"pack {p} holds {int(sizes[p])} samples > max_samples_per_pack {cap}: replan"
-        )
+        raise PlanInvariantError(f"pack {p} holds {int(sizes[p])} samples > max_samples_per_pack {cap}: replan")
     fits = plan.oversize[slots[plan.oversize] <= pack_size]
     if fits.size:
         raise PlanInvariantError(

@@ -21,9 +21,7 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_config_loads_with_both_spellings(example: Path) -> None:
@@ -32,9 +30,7 @@ def test_config_loads_with_both_spellings(example: Path) -> None:
     assert specs["chat"].tags.role_tag == "role"
     assert specs["sharegpt_json"].tags.user_tag == "human"
     assert specs["sharegpt_json"].sample_ratio == 1.5
-    assert all(
-        s.video.max_frames == 64 and s.media_dir == example / "media" for s in specs.values()
-    )
+    assert all(s.video.max_frames == 64 and s.media_dir == example / "media" for s in specs.values())
 
 
 def test_every_physical_line_is_a_row_and_reasons_are_valid(example: Path) -> None:
@@ -103,7 +99,4 @@ def test_no_bad_rows_and_other_family(tmp_path: Path) -> None:
         "named_rows": {"text_only": 0, "image_file": 1, "image_lmdb": 2},
     }
     assert expected["sharegpt_json"]["errors"] == {}
-    assert (
-        json.loads((config.parent / "processor" / "config.json").read_text())["model_type"]
-        == "qwen3_vl"
-    )
+    assert json.loads((config.parent / "processor" / "config.json").read_text())["model_type"] == "qwen3_vl"

@@ -98,9 +98,7 @@ def test_lmdb_round_trips_bytes_and_is_deterministic(tmp_path: Path) -> None:
     ("name", "num_frames", "fps", "width", "height"),
     [("a.mp4", 8, 4.0, 64, 48), ("b.mp4", 25, 12.5, 128, 96), ("c.avi", 9, 3.0, 64, 48)],
 )
-def test_video_frame_count_and_fps_read_back(
-    tmp_path, name, num_frames, fps, width, height
-) -> None:
+def test_video_frame_count_and_fps_read_back(tmp_path, name, num_frames, fps, width, height) -> None:
     path = write_video(tmp_path / name, num_frames, fps, width, height, seed=1)
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
@@ -110,9 +108,7 @@ def test_video_frame_count_and_fps_read_back(
         assert sum(1 for _ in container.decode(video=0)) == num_frames
     assert (
         path.read_bytes()
-        == write_video(
-            tmp_path / f"again_{name}", num_frames, fps, width, height, seed=1
-        ).read_bytes()
+        == write_video(tmp_path / f"again_{name}", num_frames, fps, width, height, seed=1).read_bytes()
     )
 
 

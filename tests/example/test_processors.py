@@ -165,16 +165,12 @@ def _image_only(base: type) -> type:
 
     class ImageOnly(base):  # type: ignore[misc, valid-type]
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            base.__init__(
-                self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs
-            )
+            base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
     return ImageOnly
 
 
-@pytest.mark.parametrize(
-    ("family", "num_image_tokens"), [("qwen2_vl", 17 * 23), ("qwen3_vl", 15 * 20)]
-)
+@pytest.mark.parametrize(("family", "num_image_tokens"), [("qwen2_vl", 17 * 23), ("qwen3_vl", 15 * 20)])
 def test_image_only_processor_expands_image_tokens(family, num_image_tokens, dirs, tokenizers_):
     """640x480: Qwen2 factor 28 -> 476x644 -> 17x23 tokens; Qwen3 factor 32 -> 480x640 -> 15x20."""
     import io
@@ -188,17 +184,13 @@ def test_image_only_processor_expands_image_tokens(family, num_image_tokens, dir
         chat_template=(dirs[family] / "chat_template.jinja").read_text(),
     )
     image = Image.open(io.BytesIO(make_image_bytes(640, 480))).convert("RGB")
-    text = processor.apply_chat_template(
-        CONVERSATION[:1], tokenize=False, add_generation_prompt=True
-    )
+    text = processor.apply_chat_template(CONVERSATION[:1], tokenize=False, add_generation_prompt=True)
     out = processor(text=[text], images=[image], return_tensors="np")
     assert (out["input_ids"][0] == processor.image_token_id).sum() == num_image_tokens
     assert int(out["image_grid_thw"][0].prod()) == 4 * num_image_tokens
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("torchvision") is not None, reason="torchvision present"
-)
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision present")
 def test_auto_processor_needs_torchvision(dirs) -> None:
     with pytest.raises(ImportError, match="requires the Torchvision library"):
         AutoProcessor.from_pretrained(dirs["qwen2_vl"])

@@ -19,19 +19,35 @@ COMMANDS = (
     "prep tokenize --dataset-config ./data/dataset_info.json --processor ./data/processor"
     " --output ./tok --executor local --verify-fraction 0.3",
     "prep pack ./tok --output ./packed --pack-size 4096 --executor local",
-    "prep pack ./tok --output ./packed8 --pack-size 2048 --pad-to-multiple-of 8"
-    " --shard-size 1packs --executor local",
+    "prep pack ./tok --output ./packed8 --pack-size 2048 --pad-to-multiple-of 8 --shard-size 1packs --executor local",
 )
 # Columns of the tokenized tables as of schema version 1; later versions may add columns.
 V1_COLUMNS = {
     "samples": (
-        "sample_id", "dataset", "source", "line", "copy", "input_ids", "loss_mask",
-        "num_tokens", "num_text_tokens", "num_media_tokens", "media",
+        "sample_id",
+        "dataset",
+        "source",
+        "line",
+        "copy",
+        "input_ids",
+        "loss_mask",
+        "num_tokens",
+        "num_text_tokens",
+        "num_media_tokens",
+        "media",
     ),
 }
 V1_MEDIA_FIELDS = (
-    "kind", "ref", "width", "height", "grid_t", "grid_h", "grid_w", "num_tokens",
-    "frame_indices", "timestamps",
+    "kind",
+    "ref",
+    "width",
+    "height",
+    "grid_t",
+    "grid_h",
+    "grid_w",
+    "num_tokens",
+    "frame_indices",
+    "timestamps",
 )
 
 

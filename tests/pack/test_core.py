@@ -33,9 +33,7 @@ def instances(draw: st.DrawFn, max_items: int = 60) -> dict:
     pack_size = draw(st.sampled_from([1, 7, 16, 64, 100, 1000]))
     top = pack_size + pack_size // 4 + 1
     return {
-        "lengths": np.array(
-            draw(st.lists(st.integers(1, top), max_size=max_items)), dtype=np.int64
-        ),
+        "lengths": np.array(draw(st.lists(st.integers(1, top), max_size=max_items)), dtype=np.int64),
         "pack_size": pack_size,
         "max_samples_per_pack": draw(st.none() | st.integers(1, 6)),
         "pad_to_multiple_of": draw(st.sampled_from([1, 1, 2, 4, 8])),
@@ -89,11 +87,7 @@ def optimum(sizes: list[int], capacity: int) -> int:
         packs, fill = best[mask]
         for i in range(n):
             if not mask >> i & 1:
-                step = (
-                    (packs, fill + sizes[i])
-                    if fill + sizes[i] <= capacity
-                    else (packs + 1, sizes[i])
-                )
+                step = (packs, fill + sizes[i]) if fill + sizes[i] <= capacity else (packs + 1, sizes[i])
                 best[mask | 1 << i] = min(best[mask | 1 << i], step)
     return best[-1][0]
 
@@ -157,11 +151,7 @@ def test_bfd_can_lose_to_ffd_regression() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    st.integers(1, 20).flatmap(
-        lambda c: st.tuples(st.just(c), st.lists(st.integers(1, c), min_size=1, max_size=8))
-    )
-)
+@given(st.integers(1, 20).flatmap(lambda c: st.tuples(st.just(c), st.lists(st.integers(1, c), min_size=1, max_size=8))))
 def test_bounds_below_exact_optimum(case: tuple[int, list[int]]) -> None:
     capacity, sizes = case
     opt = optimum(sizes, capacity)
