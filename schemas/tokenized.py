@@ -18,7 +18,7 @@ Example samples row (Qwen2-VL, one 448x448 image)::
     num_media_tokens 256
     media            [{kind: "image", ref: "imgs/a.jpg", width: 448, height: 448,
                        grid_t: 1, grid_h: 32, grid_w: 32, num_tokens: 256,
-                       frame_indices: [], timestamps: []}]
+                       frame_indices: [], timestamps: [], num_bytes: 48213}]
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import pyarrow as pa
 
 from schemas.layout import PART_SUFFIX, SAMPLES_DIR
 
-TOKENIZED_SCHEMA_VERSION = 1
+TOKENIZED_SCHEMA_VERSION = 2  # 2: media.num_bytes
 
 MEDIA_TYPE = pa.struct(
     [
         pa.field("kind", pa.string(), nullable=False),  # "image" | "video"
-        pa.field("ref", pa.string(), nullable=False),  # absolute path or "db.lmdb::KEY"
+        pa.field("ref", pa.string(), nullable=False),  # a schemas.media_ref.MediaRef, formatted
         pa.field("width", pa.int32(), nullable=False),  # after EXIF orientation
         pa.field("height", pa.int32(), nullable=False),
         pa.field("grid_t", pa.int32(), nullable=False),  # processor grid, patches
@@ -43,6 +43,7 @@ MEDIA_TYPE = pa.struct(
         pa.field("num_tokens", pa.int32(), nullable=False),  # placeholder tokens emitted
         pa.field("frame_indices", pa.list_(pa.int32()), nullable=False),  # video only
         pa.field("timestamps", pa.list_(pa.float32()), nullable=False),  # seconds, video only
+        pa.field("num_bytes", pa.int64(), nullable=False),  # encoded size (file or LMDB value), v2
     ]
 )
 
