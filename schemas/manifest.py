@@ -1,21 +1,38 @@
-"""The JSON manifest every stage writes beside its output (``manifest.json``).
+"""The JSON manifests stages write beside their output, as typed, versioned dataclasses.
 
-A manifest is the stage's receipt: what ran (stage, config), on what (inputs and their
-hashes, processor identity), with which libraries, and what came out (counts, totals).
-It holds no timestamps so that the same input and config give a byte-identical file.
+A manifest is the stage's receipt: what ran (stage, options), on what (inputs and their
+hashes, processor identity), with which libraries, and what came out (counts, totals). It
+holds no timestamps, so the same input and options give a byte-identical file. Consumers
+read another stage's output only through these classes (`read_manifest`), never by string
+keys; an unknown ``schema_version`` or another stage's manifest is a named error.
+
+Files: ``manifest.json`` of `prep tokenize` (`TokenizeManifest`) and `prep pack`
+(`PackManifest`); ``shards.json`` of `prep shards` (`ShardsManifest`), beside the pack
+manifest in the packed directory.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
-MANIFEST_SCHEMA_VERSION = 1
+from schemas.codec import ManifestFormatError, from_json, to_json
+from schemas.stages import Stage
+
 TRACKED_LIBRARIES = ("packvlm", "transformers", "tokenizers", "pyarrow", "ray", "numpy", "pillow", "av")
+SHARDS_MANIFEST_FILE = "shards.json"
+
+
+class ManifestError(ValueError):
+    """A manifest is missing, unreadable, of another stage or malformed; the message says which."""
+
+
+class ManifestVersionError(ManifestError):
+    """A manifest's ``schema_version`` is one this code does not read."""
 
 
 def library_versions(names: tuple[str, ...] = TRACKED_LIBRARIES) -> dict[str, str]:
@@ -38,31 +55,218 @@ def file_sha256(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def build_manifest(stage: str, config: dict[str, Any], **sections: Any) -> dict[str, Any]:
-    """Assemble a manifest dict with the fields every stage shares."""
-    return {
-        "schema_version": MANIFEST_SCHEMA_VERSION,
-        "stage": stage,
-        "config": config,
-        "libraries": library_versions(),
-        **sections,
-    }
+M = TypeVar("M", bound="Manifest")
 
 
-def write_json_atomic(path: str | Path, payload: dict[str, Any]) -> None:
-    """Write JSON with sorted keys via temp file + rename, so readers never see half a file."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Manifest:
+    """Fields every manifest shares; subclasses set ``STAGE`` and ``VERSION``."""
+
+    STAGE: ClassVar[Stage]
+    VERSION: ClassVar[int]
+
+    schema_version: int
+    stage: Stage
+    libraries: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(to_json(self))
+
+    @classmethod
+    def from_json(cls: type[M], raw: Any, where: str = "") -> M:
+        """Check stage and version first (their errors say what to do), then every field."""
+        where = where or cls.__name__
+        if not isinstance(raw, dict):
+            raise ManifestError(f"{where}: not a JSON object")
+        if raw.get("stage") != cls.STAGE.value:
+            raise ManifestError(
+                f"{where} was written by `prep {raw.get('stage')}`, expected the output of `prep {cls.STAGE.value}`"
+            )
+        if raw.get("schema_version") != cls.VERSION:
+            raise ManifestVersionError(
+                f"{where}: {cls.STAGE.value} manifest version {raw.get('schema_version')!r}, this packvlm reads "
+                f"version {cls.VERSION}; rerun `prep {cls.STAGE.value}` with this packvlm"
+            )
+        try:
+            return from_json(cls, raw, where)
+        except ManifestFormatError as exc:
+            raise ManifestError(f"malformed manifest: {exc}") from exc
+
+    @classmethod
+    def create(cls: type[M], **fields: Any) -> M:
+        """A new manifest of this stage and version, with the installed library versions."""
+        return cls(schema_version=cls.VERSION, stage=cls.STAGE, libraries=library_versions(), **fields)
+
+
+def read_manifest(path: str | Path, cls: type[M]) -> M:
+    """Load and check the manifest at ``path`` as ``cls``."""
     path = Path(path)
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{path} does not exist: not a finished `prep {cls.STAGE.value}` output") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path} is unreadable ({exc}); rerun `prep {cls.STAGE.value}`") from exc
+    return cls.from_json(raw, str(path))
 
 
-def read_manifest(path: str | Path, stage: str | None = None) -> dict[str, Any]:
-    """Load a manifest; ``stage`` checks it was written by the expected stage."""
-    path = Path(path)
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    if payload.get("schema_version") != MANIFEST_SCHEMA_VERSION:
-        raise ValueError(f"{path}: manifest schema {payload.get('schema_version')} unsupported")
-    if stage is not None and payload.get("stage") != stage:
-        raise ValueError(f"{path}: written by stage {payload.get('stage')!r}, expected {stage!r}")
-    return payload
+# --- prep tokenize ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProcessorIdentity:
+    """Which processor produced the token ids: class, sha256 over its files, as given."""
+
+    class_name: str = field(metadata={"json": "class"})
+    sha256: str
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenizeInputs:
+    records: int  # records read from the dataset files
+    rows_used: int  # records x copies (sample_ratio)
+    chunks: int  # = number of parts in samples/ and in errors/
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowCounts:
+    samples: int
+    errors: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenTotals:
+    total: int
+    text: int
+    media: int
+    max_sample: int
+    mean_sample: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VerifyCounts:
+    checked: int
+    skipped_no_reference: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenizeManifest(Manifest):
+    """``manifest.json`` of a `prep tokenize` output."""
+
+    STAGE: ClassVar[Stage] = Stage.TOKENIZE
+    VERSION: ClassVar[int] = 1
+
+    config: dict[str, Any]  # the options the output depends on
+    datasets: tuple[dict[str, Any], ...]  # schemas.dataset_config specs, JSON form
+    processor: ProcessorIdentity
+    inputs: TokenizeInputs
+    rows: RowCounts
+    per_dataset: dict[str, RowCounts]
+    errors_by_reason: dict[str, int]
+    tokens: TokenTotals
+    verify: VerifyCounts
+
+
+# --- prep pack ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackInput:
+    """One tokenized directory a pack run read, pinned by its manifest's sha256."""
+
+    path: str
+    manifest_sha256: str
+    processor: ProcessorIdentity
+    samples: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackSampleCounts:
+    total: int  # tokenized samples over all inputs
+    packed: int
+    oversize: int  # total = packed + oversize
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackStatistics:
+    """How well the plan packs: counts, lower bounds, efficiency and histograms."""
+
+    packs: int
+    lb1: int  # ceil(slot tokens / pack_size)
+    lb2: int  # Martello-Toth L2 lower bound on the number of packs
+    packs_over_lb2: int
+    efficiency: float  # real tokens / (packs x pack_size)
+    pack_size: int
+    tokens: int  # real tokens in packs
+    pad_tokens: int  # slot rounding (pad_to_multiple_of)
+    empty_tokens: int  # packs x pack_size - tokens
+    fill_histogram: dict[str, int]  # "0.9-1.0" -> packs
+    samples_per_pack: dict[str, int]
+    media_per_pack: dict[str, int]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OversizeSample:
+    """A sample whose slot exceeds the pack size: reported, never silently lost."""
+
+    input: int  # index into PackManifest.inputs
+    sample_id: str
+    num_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanFile:
+    """The plan a pack run wrote (``plan.arrow``), pinned for the shards stage."""
+
+    name: str
+    sha256: str
+    num_packs: int
+    num_shards: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackManifest(Manifest):
+    """``manifest.json`` of a `prep pack` output (version 2: shards are in ``shards.json``)."""
+
+    STAGE: ClassVar[Stage] = Stage.PACK
+    VERSION: ClassVar[int] = 2
+
+    config: dict[str, Any]  # the options the output depends on
+    pack_size: int
+    pad_to_multiple_of: int
+    inputs: tuple[PackInput, ...]
+    samples: PackSampleCounts
+    packs: PackStatistics
+    oversize: tuple[OversizeSample, ...]
+    plan: PlanFile
+
+
+# --- prep shards -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardRecord:
+    name: str  # relative to the packed directory, e.g. "shards/shard-000000.tar"
+    packs: int
+    samples: int
+    bytes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardsManifest(Manifest):
+    """``shards.json``: the shards written from a plan, after reading every one back."""
+
+    STAGE: ClassVar[Stage] = Stage.SHARDS
+    VERSION: ClassVar[int] = 1
+
+    plan_sha256: str  # the plan.arrow these shards were written from
+    shards: tuple[ShardRecord, ...]
+
+    @property
+    def num_packs(self) -> int:
+        return sum(s.packs for s in self.shards)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)

@@ -1,12 +1,16 @@
-"""Layout of `prep pack` output: webdataset shards with one sample per pack (version 1).
+"""Layout of a packed directory: `prep pack` (plan) + `prep shards` (webdataset shards).
 
 Directory (``OUT``)::
 
-    OUT/manifest.json            options, input manifests' sha256, pack statistics, oversize
     OUT/_run.json                the options of this run (resume check)
+    OUT/plan.arrow               pack -> tokenized rows -> shard (schemas.plan), before any shard
+    OUT/manifest.json            PackManifest: options, inputs' sha256, statistics, oversize, plan
     OUT/pack_stats.arrow         one row per pack (PACK_STATS_SCHEMA), for `prep stats`
     OUT/shards/shard-000000.tar  plain uncompressed tar, >= 1 pack, written via temp + rename
+    OUT/shards.json              ShardsManifest, written by `prep shards` after reading all back
     OUT/.nv-meta/...             added by `prep energon-index` (Energon's own files)
+
+The directory is complete when ``shards.json`` names the plan's sha256 (`read_packed_output`).
 
 Members of one pack, contiguous and sorted by name; key ``pack-NNNNNNNN`` = pack index in
 plan order, unique across shards, no dots::
@@ -37,9 +41,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+from schemas.layout import MANIFEST_FILE
+from schemas.manifest import SHARDS_MANIFEST_FILE, ManifestError, PackManifest, ShardsManifest, read_manifest
 
 PACKED_SCHEMA_VERSION = 1
 PACKED_FORMAT = "packvlm.packed"
@@ -189,3 +197,43 @@ class PackMeta:
                 "media": media,
             }
         )
+
+
+class IncompleteShardsError(ManifestError):
+    """The plan exists but its shards are missing or from another plan: run `prep shards`."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackedOutput:
+    """A complete packed directory: the pack manifest and the shards written from its plan."""
+
+    root: Path
+    manifest: PackManifest
+    shards: ShardsManifest
+
+    @property
+    def shard_paths(self) -> list[Path]:
+        return [self.root / s.name for s in self.shards.shards]
+
+
+def read_packed_output(root: str | Path) -> PackedOutput:
+    """Read and cross-check a packed directory's manifests (no shard is opened).
+
+    Raises:
+        ManifestError: No pack manifest, another stage's, or an unknown version.
+        IncompleteShardsError: The shards were not (all) written from this plan.
+    """
+    root = Path(root)
+    manifest = read_manifest(root / MANIFEST_FILE, PackManifest)
+    shards_path = root / SHARDS_MANIFEST_FILE
+    if not shards_path.is_file():
+        raise IncompleteShardsError(f"{root} has a plan but no {SHARDS_MANIFEST_FILE}: run `prep shards {root}`")
+    shards = read_manifest(shards_path, ShardsManifest)
+    if shards.plan_sha256 != manifest.plan.sha256:
+        raise IncompleteShardsError(
+            f"{shards_path} was written from another plan than {root / manifest.plan.name}: run `prep shards {root}`"
+        )
+    missing = [s.name for s in shards.shards if not (root / s.name).is_file()]
+    if missing:
+        raise IncompleteShardsError(f"{root}: shards {missing[:3]} are missing; run `prep shards {root}`")
+    return PackedOutput(root=root, manifest=manifest, shards=shards)
