@@ -42,6 +42,7 @@ from prep.energon.index import index_dataset
 from prep.example.media import make_image_bytes
 from prep.example.processors import build_processor_dir
 from prep.pack.stage import PackConfig, run_pack
+from prep.run import LOCAL
 from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from schemas.layout import SAMPLES_DIR
 
@@ -118,7 +119,7 @@ def prepare(root: Path, num_samples: int, pack_size: int, seed: int) -> dict[str
     generated = time.perf_counter()
     run_tokenize(
         TokenizeConfig(
-            dataset_config=str(config), processor=str(processor), output_dir=str(root / "tok"), executor="local"
+            dataset_config=str(config), processor=str(processor), output_dir=str(root / "tok"), executor=LOCAL
         )
     )
     tokenized = time.perf_counter()
@@ -128,7 +129,7 @@ def prepare(root: Path, num_samples: int, pack_size: int, seed: int) -> dict[str
             output_dir=str(root / "packed"),
             pack_size=pack_size,
             shard_size="64MB",
-            executor="local",
+            executor=LOCAL,
         )
     )
     index_dataset(root / "packed")

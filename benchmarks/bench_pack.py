@@ -24,7 +24,9 @@ import numpy as np
 from machine import cpu_model
 
 from prep.pack.baselines import ffd_pack, heap_worst_fit_pack, next_fit_pack, windowed_ffd_pack
-from prep.pack.core import lower_bound_l2, plan_packs, verify_plan
+from prep.pack.bounds import lower_bound_l2
+from prep.pack.core import plan_packs
+from prep.pack.verify import verify_plan
 
 Packer = Callable[[np.ndarray, int], int]
 BOUND_TARGET_PCT = 0.01

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from prep.pack.stage import PackConfig, plan_pack, run_pack
+from prep.run import LOCAL
 from prep.shards.worker import ShardWorker
 from schemas.layout import MANIFEST_FILE, SAMPLES_DIR, part_name
 from schemas.manifest import build_manifest, write_json_atomic
@@ -148,7 +149,7 @@ def main() -> None:
         f"{len(refs):,} blobs, {args.media_mb} MB media, workdir {args.workdir}"
     )
     config = PackConfig(
-        inputs=(str(tok),), output_dir="", pack_size=args.pack_size, shard_size=args.shard_size, executor="local"
+        inputs=(str(tok),), output_dir="", pack_size=args.pack_size, shard_size=args.shard_size, executor=LOCAL
     )
     copy_s, write_s, pack_s = [], [], []
     for r in range(args.repeats):

@@ -11,17 +11,21 @@ from prep.energon.cli import energon_blend_command, energon_index_command
 from prep.energon.index import EnergonIndexError, EnergonVerifyError
 from prep.example.cli import example_command
 from prep.pack.cli import pack_command
-from prep.pack.core import PlanInvariantError
 from prep.pack.inputs import MixedProcessorsError
-from prep.pack.stage import OversizeError, PackConservationError, PackOutputConflict
-from prep.shards.layout import ShardSizeError
-from prep.shards.read import MediaVanishedError, TokenizedPartError
-from prep.shards.worker import PackOverflowError
+from prep.pack.shard_cut import ShardSizeError
+from prep.pack.stage import OversizeError, PackOutputConflict
+from prep.pack.verify import PlanInvariantError
+from prep.shards.cli import shards_command
+from prep.shards.core import PackOverflowError
+from prep.shards.read import MediaVanishedError
+from prep.shards.readback import PackConservationError
 from prep.stats.cli import stats_command
 from prep.tokenize.cli import tokenize_command
 from prep.tokenize.processor import ProcessorLoadError
 from prep.tokenize.stage import ConservationError, ErrorRateExceeded, OutputDirConflict
 from schemas.dataset_config import ConfigError
+from schemas.manifest import ManifestError
+from schemas.tokenized import TokenizedPartError
 
 USAGE_ERRORS = (
     ConfigError,
@@ -31,6 +35,7 @@ USAGE_ERRORS = (
     ShardSizeError,
     EnergonIndexError,
     MixedProcessorsError,
+    ManifestError,
 )
 RUN_FAILURES = (
     ErrorRateExceeded,
@@ -62,6 +67,7 @@ def main(verbose: bool) -> None:
 main.add_command(example_command)
 main.add_command(tokenize_command)
 main.add_command(pack_command)
+main.add_command(shards_command)
 main.add_command(energon_index_command)
 main.add_command(energon_blend_command)
 main.add_command(stats_command)

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from schemas.layout import RUN_FILE, TMP_PREFIX
-from schemas.manifest import write_json_atomic
+from packvlm.atomic import clear_stale, write_json_atomic
+from schemas.layout import RUN_FILE
 
 
 def claim_output_dir(
@@ -33,5 +33,4 @@ def claim_output_dir(
     write_json_atomic(run_file, fingerprint)  # first, so a run killed from here on can resume
     for sub in subdirs:
         (out / sub).mkdir(exist_ok=True)
-        for stale in (out / sub).glob(f"{TMP_PREFIX}*"):  # half-written files of a killed run
-            stale.unlink()
+        clear_stale(out / sub)  # half-written files of a killed run

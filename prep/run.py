@@ -14,12 +14,43 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from tqdm import tqdm
 
+from prep.errors import unwrap_worker_error
+
 log = logging.getLogger(__name__)
 Worker = Callable[[dict[str, list]], dict[str, list]]
+ExecutorName = Literal["ray", "local"]
+EXECUTORS: tuple[ExecutorName, ...] = ("ray", "local")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExecutorConfig:
+    """Where a stage's tasks run; never changes the output."""
+
+    executor: ExecutorName = "ray"
+    ray_address: str | None = None
+    num_workers: int | None = None
+
+
+def run_tasks(
+    worker_cls: type, worker_kwargs: dict[str, Any], tasks: list[str], config: ExecutorConfig, desc: str
+) -> list[dict]:
+    """Run tasks on the configured executor; our worker input errors surface with their own message."""
+    if not tasks:
+        return []
+    if config.executor == "local":
+        return run_local(worker_cls, worker_kwargs, tasks, desc=desc)
+    try:
+        return run_ray(worker_cls, worker_kwargs, tasks, address=config.ray_address, num_workers=config.num_workers)
+    except Exception as exc:  # Ray wraps worker errors: surface ours with their own message
+        ours = unwrap_worker_error(exc)
+        if ours is None or ours is exc:
+            raise
+        raise ours from exc
 
 
 def run_local(worker_cls: type, worker_kwargs: dict[str, Any], tasks: list[str], desc: str) -> list[dict]:
@@ -70,3 +101,6 @@ def run_ray(
         num_cpus=1,
     )
     return ds.take_all()
+
+
+LOCAL = ExecutorConfig(executor="local")  # in-process, for tests and small runs

@@ -94,9 +94,24 @@ def list_parts(root: str | Path, table: str = SAMPLES_DIR) -> list[Path]:
     return sorted(p for p in folder.glob(f"part-*{PART_SUFFIX}"))
 
 
+class TokenizedPartError(RuntimeError):
+    """A tokenized part is missing, truncated or differs from its manifest: rerun `prep tokenize`."""
+
+
 def open_part(path: str | Path) -> pa.Table:
-    """Memory-map one part (Arrow IPC file) without copying it into RAM."""
-    return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    """Memory-map one part (Arrow IPC file) without copying it into RAM.
+
+    Raises:
+        TokenizedPartError: The file is missing, truncated or not an Arrow IPC file.
+    """
+    try:
+        return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    except FileNotFoundError as exc:
+        raise TokenizedPartError(f"tokenized part {path} is missing; rerun `prep tokenize` on its directory") from exc
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise TokenizedPartError(
+            f"tokenized part {path} is unreadable or truncated ({exc}); rerun `prep tokenize`"
+        ) from exc
 
 
 def read_column(root: str | Path, column: str, table: str = SAMPLES_DIR) -> pa.ChunkedArray:

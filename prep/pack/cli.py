@@ -1,10 +1,35 @@
-"""`prep pack`: flags -> PackConfig -> run_pack."""
+"""`prep pack`: flags -> PackConfig -> run_pack, then the shards stage on the plan it wrote.
+
+The shell is the one place the two stages meet: `run_pack` writes ``plan.arrow``, and
+`run_shards` reads only that file and the tokenized parts (users get one command).
+"""
 
 from __future__ import annotations
 
 import click
 
+from prep.cli_options import default_of, executor_options
+from prep.pack.shard_cut import ShardSize, ShardSizeError, parse_shard_size
 from prep.pack.stage import OVERSIZE_POLICIES, PackConfig
+from prep.run import ExecutorConfig
+
+
+class ShardSizeType(click.ParamType):
+    """``512MB`` / ``1GiB`` / ``4096`` (bytes) or ``1000packs``, parsed once into a ShardSize."""
+
+    name = "size"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> ShardSize:
+        if isinstance(value, ShardSize):
+            return value
+        try:
+            return parse_shard_size(str(value))
+        except ShardSizeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _default(name: str) -> object:
+    return default_of(PackConfig, name)
 
 
 @click.command("pack")
@@ -13,48 +38,57 @@ from prep.pack.stage import OVERSIZE_POLICIES, PackConfig
     "--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Output directory (resumable)."
 )
 @click.option("--pack-size", required=True, type=click.IntRange(min=1), help="Tokens per pack.")
-@click.option("--max-samples-per-pack", type=click.IntRange(min=1), default=None, help="Cap on samples per pack.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pack order shuffle.")
+@click.option(
+    "--max-samples-per-pack",
+    type=click.IntRange(min=1),
+    default=_default("max_samples_per_pack"),
+    help="Cap on samples per pack.",
+)
+@click.option("--seed", type=int, default=_default("seed"), show_default=True, help="Seed of the pack order shuffle.")
 @click.option(
     "--pad-to-multiple-of",
     type=click.IntRange(min=1),
-    default=1,
+    default=_default("pad_to_multiple_of"),
     show_default=True,
     help="Round each sample's slot up to this (context parallelism).",
 )
 @click.option(
     "--oversize",
     type=click.Choice(OVERSIZE_POLICIES),
-    default="drop",
+    default=_default("oversize"),
     show_default=True,
     help="Samples longer than a pack: report and drop, or fail.",
 )
 @click.option(
-    "--balance-media", is_flag=True, help="Order packs so each group of --media-group-size carries similar media loads."
+    "--balance-media",
+    is_flag=True,
+    default=_default("balance_media"),
+    help="Order packs so each group of --media-group-size carries similar media loads.",
 )
 @click.option(
     "--media-group-size",
     type=click.IntRange(min=1),
-    default=8,
+    default=_default("media_group_size"),
     show_default=True,
     help="Packs per training step across data-parallel ranks.",
 )
 @click.option(
     "--shard-size",
-    default="512MB",
+    type=ShardSizeType(),
+    default=str(_default("shard_size")),
     show_default=True,
     help="Target shard size: bytes (512MB, 1GiB) or packs (1000packs).",
 )
-@click.option("--executor", type=click.Choice(["ray", "local"]), default="ray", show_default=True)
-@click.option("--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or embedded Ray).")
-@click.option("--num-workers", type=click.IntRange(min=1), default=None, help="Ray actors (default: CPUs - 1).")
-def pack_command(**options: object) -> None:
+@click.option("--plan-only", is_flag=True, help="Write plan.arrow and the manifest; run `prep shards` later.")
+@executor_options
+def pack_command(plan_only: bool, executor: ExecutorConfig, **options: object) -> None:
     """Pack tokenized samples (INPUTS: `prep tokenize` outputs) into webdataset shards."""
     from prep.pack.stage import run_pack
     from prep.pack.stats import format_summary
-    from prep.shards.layout import parse_shard_size
+    from prep.shards.stage import ShardsConfig, run_shards
 
     options["inputs"] = tuple(options["inputs"])  # type: ignore[arg-type]
-    parse_shard_size(str(options["shard_size"]))  # usage error before any work
-    manifest = run_pack(PackConfig(**options))  # type: ignore[arg-type]
-    click.echo(format_summary(manifest, str(options["output_dir"])))
+    config = PackConfig(**options)  # type: ignore[arg-type]
+    manifest = run_pack(config)
+    shards = None if plan_only else run_shards(ShardsConfig(packed_dir=config.output_dir, executor=executor))
+    click.echo(format_summary(manifest, shards, config.output_dir))

@@ -1,7 +1,7 @@
 """Packing plan: which samples share a pack, computed from token counts alone.
 
 Inputs: one length per sample (tokens, >= 1), optional media tokens per sample, options.
-Output: a `PackPlan` in CSR form: pack p holds `item_order[pack_offsets[p]:pack_offsets[p+1]]`.
+Output: a `PackAssignment` in CSR form: pack p holds `item_order[pack_offsets[p]:pack_offsets[p+1]]`.
 Invariants (checked by `verify_plan`): every sample sits in exactly one pack or in `oversize`;
 no pack's slot lengths sum past `pack_size`; no pack holds more than `max_samples_per_pack`.
 
@@ -25,54 +25,12 @@ Worked example, pack_size=1000, seed=0::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from numba import njit
 
-from prep.pack.bounds import lower_bound_l1 as lower_bound_l1  # re-exports: one API module
+from prep.pack.assignment import PackAssignment
 from prep.pack.bounds import lower_bound_l2
-from prep.pack.verify import PlanInvariantError as PlanInvariantError
-from prep.pack.verify import verify_plan as verify_plan
-
-
-@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class PackPlan:
-    """Frozen packing plan; arrays are read-only.
-
-    Attributes:
-        pack_size: Capacity of a pack in tokens.
-        pad_to_multiple_of: Slot rounding; slots, not lengths, occupy capacity.
-        max_samples_per_pack: Cap on samples per pack, or None.
-        seed: Seed of the pack-order shuffle.
-        pack_offsets: CSR offsets into `item_order`, length num_packs + 1.
-        item_order: Sample indices, pack by pack, longest slot first within a pack.
-        oversize: Ascending indices of samples whose slot exceeds `pack_size`.
-        slot_lengths: Slot length of every input sample (oversize ones included).
-        num_packs: Packs in the plan.
-        lb2: Martello-Toth L2 lower bound on packs (raised to ceil(n / cap) under a cap).
-        num_tokens: Real tokens of the packed samples.
-        slot_tokens: Slot tokens of the packed samples (real + pad rounding).
-        efficiency: num_tokens / (num_packs * pack_size); 0.0 for an empty plan.
-    """
-
-    pack_size: int
-    pad_to_multiple_of: int
-    max_samples_per_pack: int | None
-    seed: int
-    pack_offsets: np.ndarray
-    item_order: np.ndarray
-    oversize: np.ndarray
-    slot_lengths: np.ndarray
-    num_packs: int
-    lb2: int
-    num_tokens: int
-    slot_tokens: int
-    efficiency: float
-
-    def pack(self, p: int) -> np.ndarray:
-        """Sample indices of pack `p`."""
-        return self.item_order[self.pack_offsets[p] : self.pack_offsets[p + 1]]
+from schemas.plan import slot_tokens
 
 
 @njit(cache=True)
@@ -229,7 +187,7 @@ def plan_packs(
     media_tokens: np.ndarray | None = None,
     balance_media: bool = False,
     media_group_size: int = 8,
-) -> PackPlan:
+) -> PackAssignment:
     """Plan packs for all samples at once; same inputs and options give the same plan.
 
     Args:
@@ -258,7 +216,7 @@ def plan_packs(
     if balance_media and (media_tokens is None or np.shape(media_tokens) != lengths.shape):
         raise ValueError("balance_media needs media_tokens with one entry per sample")
     unit = int(pad_to_multiple_of)
-    units = lengths if unit == 1 else -(-lengths // unit)
+    units = lengths if unit == 1 else slot_tokens(lengths, unit) // unit
     capacity = int(pack_size) // unit
     n_over = int(np.count_nonzero(units > capacity))
     keys = np.minimum(units, capacity + 1) if n_over else units
@@ -278,7 +236,7 @@ def plan_packs(
     num_tokens = int(lengths.sum() - lengths[oversize].sum())
     for array in (offsets, item_order, oversize, slot_lengths):
         array.flags.writeable = False
-    return PackPlan(
+    return PackAssignment(
         pack_size=int(pack_size),
         pad_to_multiple_of=unit,
         max_samples_per_pack=max_samples_per_pack,

@@ -1,49 +1,59 @@
-"""`prep pack` stage: tokenized directories -> a frozen plan -> webdataset shards + manifest.
+"""`prep pack` stage: tokenized directories -> a frozen plan (``plan.arrow``) + manifest.
 
 Inputs: one or more `prep tokenize` outputs (:mod:`schemas.tokenized`); only their length
-columns are read to plan. Outputs, in ``OUT`` (:mod:`schemas.packed`): ``shards/*.tar``
-(one webdataset sample per pack), ``manifest.json``, ``pack_stats.arrow`` and ``_run.json``.
+columns are read. Outputs, in ``OUT`` (:mod:`schemas.packed`): ``plan.arrow``
+(:mod:`schemas.plan`), ``pack_stats.arrow``, ``manifest.json`` (`PackManifest`) and
+``_run.json``. The shards are written from the plan by the `prep shards` stage
+(`prep pack` runs it next by default).
 
 Invariants: every tokenized sample is in exactly one pack or in the oversize report
-(checked by reading the shards back); no pack's slots exceed ``pack_size``; shards are
-written via temp + rename, so a rerun after a kill writes only the missing shards and ends
-byte-identical to an uninterrupted run; ``OUT`` never mixes runs with other options.
+(`verify_plan`); no pack's slots exceed ``pack_size``; files are written via temp + rename,
+plan first, manifest last, so a rerun after a kill resumes; ``OUT`` never mixes runs with
+other options.
 
 Worked example, pack_size=1024, shard_size=2packs, lengths of samples a..e::
 
     a:900  b:600  c:400  d:100  e:2000
     plan (BFD):  [a, d] [b, c], order shuffled by seed    oversize = [e]
-    shards:      shard-000000.tar = pack-00000000 (b, c), pack-00000001 (a, d)  (say)
+    plan.arrow:  pack 0 = (b, c), pack 1 = (a, d), both in shard 0  (say)
     report:      packs 2, LB2 2, efficiency 2000/2048 = 97.7 %, oversize e (2000 tokens)
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from packvlm.atomic import write_arrow_atomic, write_json_atomic
 from prep.outputs import claim_output_dir
-from prep.pack.core import PackPlan, plan_packs, verify_plan
+from prep.pack.assignment import PackAssignment
+from prep.pack.core import plan_packs
 from prep.pack.inputs import SampleColumns, TokenizedInput, check_same_processor, load_columns, load_input
+from prep.pack.plan_rows import build_plan
+from prep.pack.shard_cut import ShardSize, cut_shards, estimate_pack_bytes, parse_shard_size
 from prep.pack.stats import pack_statistics, write_pack_table
-from prep.shards.layout import cut_shards, estimate_pack_bytes, parse_shard_size
-from prep.shards.read import sample_media_bytes
-from prep.shards.readback import PackConservationError as PackConservationError  # re-export
-from prep.shards.readback import check_shards
-from prep.shards.worker import ShardTask, ShardWorker, unwrap_worker_error
-from prep.sources.media import LmdbPool
+from prep.pack.verify import verify_plan
+from schemas.codec import to_json
 from schemas.layout import MANIFEST_FILE
-from schemas.manifest import build_manifest, write_json_atomic
-from schemas.packed import PACK_STATS_FILE, SHARDS_DIR, shard_name
+from schemas.manifest import (
+    OversizeSample,
+    PackManifest,
+    PackSampleCounts,
+    PlanFile,
+    file_sha256,
+    read_manifest,
+)
+from schemas.packed import PACK_STATS_FILE, SHARDS_DIR
+from schemas.plan import PLAN_FILE
+from schemas.stages import Stage
 
 log = logging.getLogger(__name__)
-STAGE = "pack"
-OVERSIZE_POLICIES = ("drop", "error")
+OversizePolicy = Literal["drop", "error"]
+OVERSIZE_POLICIES: tuple[OversizePolicy, ...] = ("drop", "error")
 
 
 class OversizeError(RuntimeError):
@@ -56,7 +66,7 @@ class PackOutputConflict(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackConfig:
-    """Every option of `prep pack`. Fields above ``executor`` shape the output."""
+    """Every option of `prep pack` that shapes its output; the defaults live here only."""
 
     inputs: tuple[str, ...]
     output_dir: str
@@ -64,26 +74,22 @@ class PackConfig:
     max_samples_per_pack: int | None = None
     seed: int = 0
     pad_to_multiple_of: int = 1
-    oversize: str = "drop"
+    oversize: OversizePolicy = "drop"
     balance_media: bool = False
     media_group_size: int = 8
-    shard_size: str = "512MB"
-    executor: str = "ray"
-    ray_address: str | None = None
-    num_workers: int | None = None
+    shard_size: ShardSize = parse_shard_size("512MB")
 
     def output_fields(self) -> dict[str, Any]:
         """The options the output depends on (manifest and resume check)."""
         out = asdict(self)
-        for key in ("output_dir", "executor", "ray_address", "num_workers"):
-            out.pop(key)
+        out.pop("output_dir")
         out["inputs"] = [str(Path(p).resolve()) for p in self.inputs]
-        out["shard_size"] = str(parse_shard_size(self.shard_size))
+        out["shard_size"] = str(self.shard_size)
         return out
 
 
-def _plan(config: PackConfig, cols: SampleColumns) -> PackPlan:
-    plan = plan_packs(
+def _assign(config: PackConfig, cols: SampleColumns) -> PackAssignment:
+    assignment = plan_packs(
         cols.num_tokens,
         pack_size=config.pack_size,
         max_samples_per_pack=config.max_samples_per_pack,
@@ -93,161 +99,81 @@ def _plan(config: PackConfig, cols: SampleColumns) -> PackPlan:
         balance_media=config.balance_media,
         media_group_size=config.media_group_size,
     )
-    verify_plan(plan, cols.num_tokens, config.pack_size)
-    return plan
+    verify_plan(assignment, cols.num_tokens, config.pack_size)
+    return assignment
 
 
-def _oversize_report(plan: PackPlan, cols: SampleColumns) -> list[dict[str, Any]]:
+def _oversize_report(assignment: PackAssignment, cols: SampleColumns) -> tuple[OversizeSample, ...]:
     starts = np.cumsum([0] + [len(ids) for ids in cols.sample_ids])
     report = []
-    for i in plan.oversize.tolist():
+    for i in assignment.oversize.tolist():
         k = int(cols.input_index[i])
-        local = i - int(starts[k])
-        report.append(
-            {"input": k, "sample_id": cols.sample_ids[k][local].as_py(), "num_tokens": int(cols.num_tokens[i])}
-        )
-    return report
+        sample_id = cols.sample_ids[k][i - int(starts[k])].as_py()
+        report.append(OversizeSample(input=k, sample_id=sample_id, num_tokens=int(cols.num_tokens[i])))
+    return tuple(report)
 
 
-def _shard_offsets(config: PackConfig, plan: PackPlan, cols: SampleColumns, inputs: list[TokenizedInput]) -> np.ndarray:
-    size = parse_shard_size(config.shard_size)
+def _shard_offsets(size: ShardSize, assignment: PackAssignment, cols: SampleColumns) -> np.ndarray:
+    """Cut the pack order into shards from sizes known before writing (tokenize recorded media bytes)."""
     if size.max_packs is not None:
-        return cut_shards(np.zeros(plan.num_packs, np.int64), size)
-    from schemas.tokenized import read_column
-
-    pool = LmdbPool()
-    try:
-        media_bytes = np.concatenate(
-            [
-                sample_media_bytes(read_column(item.root, "media"), cols.sample_ids[k], pool)
-                for k, item in enumerate(inputs)
-            ]
-            or [np.zeros(0, np.int64)]
-        )
-    finally:
-        pool.close()
-    pack_bytes = estimate_pack_bytes(plan.pack_offsets, plan.item_order, cols.num_tokens, media_bytes, cols.media_count)
+        return cut_shards(np.zeros(assignment.num_packs, np.int64), size)
+    pack_bytes = estimate_pack_bytes(
+        assignment.pack_offsets, assignment.item_order, cols.num_tokens, cols.media_bytes, cols.media_count
+    )
     return cut_shards(pack_bytes, size)
 
 
-def _tasks(plan: PackPlan, cols: SampleColumns, offsets: np.ndarray) -> list[ShardTask]:
-    tasks = []
-    for s in range(offsets.size - 1):
-        packs = []
-        for p in range(int(offsets[s]), int(offsets[s + 1])):
-            items = plan.pack(p)
-            packs.append((p, tuple(zip(cols.part_id[items].tolist(), cols.row[items].tolist()))))
-        tasks.append(ShardTask(shard=s, packs=tuple(packs)))
-    return tasks
-
-
-@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class PackJob:
-    """A frozen plan cut into shard tasks, ready for an executor (see `plan_pack`)."""
-
-    config: PackConfig
-    inputs: list[TokenizedInput]
-    cols: SampleColumns
-    plan: PackPlan
-    oversize: list[dict[str, Any]]
-    shard_offsets: np.ndarray
-    tasks: list[ShardTask]
-
-    @property
-    def worker_kwargs(self) -> dict[str, Any]:
-        """JSON-safe constructor kwargs of `ShardWorker` (paths and numbers only)."""
-        parts = [[part, k] for k, item in enumerate(self.inputs) for part in item.parts]
-        return {
-            "parts_json": json.dumps(parts),
-            "output_dir": str(Path(self.config.output_dir)),
-            "pack_size": self.config.pack_size,
-            "pad_to_multiple_of": self.config.pad_to_multiple_of,
-        }
-
-    @property
-    def run_inputs(self) -> list[dict[str, Any]]:
-        return [
-            {"path": i.root, "manifest_sha256": i.manifest_sha256, "processor": i.processor, "samples": i.num_samples}
-            for i in self.inputs
-        ]
-
-
-def plan_pack(config: PackConfig) -> PackJob:
-    """Check inputs, plan from the length columns, apply the oversize policy, cut shards.
-
-    Raises:
-        OversizeError: ``oversize="error"`` and a sample's slot exceeds the pack size.
-        TokenizedPartError, MediaVanishedError: An input is missing, truncated or gone.
-    """
-    if config.oversize not in OVERSIZE_POLICIES:
-        raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {config.oversize!r}")
+def _load_inputs(config: PackConfig) -> list[TokenizedInput]:
     inputs = [load_input(root) for root in config.inputs]
     check_same_processor(inputs)
+    return inputs
+
+
+def run_pack(config: PackConfig) -> PackManifest:
+    """Plan, write ``plan.arrow``, ``pack_stats.arrow`` and the manifest; returns the manifest.
+
+    A rerun with the same options and inputs finds the manifest and returns it unchanged.
+
+    Raises:
+        PackOutputConflict: ``output_dir`` holds other files or another run.
+        OversizeError: ``oversize="error"`` and a sample's slot exceeds the pack size.
+        ManifestError, TokenizedPartError: An input is not a complete `prep tokenize` output.
+    """
+    inputs = _load_inputs(config)
+    out = Path(config.output_dir)
+    fingerprint = {"config": config.output_fields(), "inputs": to_json([i.pack_input() for i in inputs])}
+    claim_output_dir(out, fingerprint, (SHARDS_DIR,), f"prep {Stage.PACK}", PackOutputConflict)
+    if (out / MANIFEST_FILE).is_file():
+        return read_manifest(out / MANIFEST_FILE, PackManifest)
     cols = load_columns(inputs)
-    plan = _plan(config, cols)
-    oversize = _oversize_report(plan, cols)
+    assignment = _assign(config, cols)
+    oversize = _oversize_report(assignment, cols)
     if oversize and config.oversize == "error":
-        ids = ", ".join(f"{o['sample_id']} ({o['num_tokens']} tokens)" for o in oversize[:20])
+        ids = ", ".join(f"{o.sample_id} ({o.num_tokens} tokens)" for o in oversize[:20])
         raise OversizeError(
             f"{len(oversize)} samples exceed --pack-size {config.pack_size}: {ids}; raise --pack-size or use "
             "--oversize drop"
         )
-    offsets = _shard_offsets(config, plan, cols, inputs)
-    tasks = _tasks(plan, cols, offsets)
-    return PackJob(
-        config=config, inputs=inputs, cols=cols, plan=plan, oversize=oversize, shard_offsets=offsets, tasks=tasks
+    offsets = _shard_offsets(config.shard_size, assignment, cols)
+    write_arrow_atomic(out / PLAN_FILE, build_plan(assignment, cols, inputs, offsets))
+    write_pack_table(out / PACK_STATS_FILE, assignment, offsets, cols.num_tokens, cols.media_count)
+    manifest = PackManifest.create(
+        config=fingerprint["config"],
+        pack_size=config.pack_size,
+        pad_to_multiple_of=config.pad_to_multiple_of,
+        inputs=tuple(i.pack_input() for i in inputs),
+        samples=PackSampleCounts(
+            total=int(cols.num_tokens.size), packed=int(assignment.item_order.size), oversize=len(oversize)
+        ),
+        packs=pack_statistics(assignment, cols.num_tokens, cols.media_count),
+        oversize=oversize,
+        plan=PlanFile(
+            name=PLAN_FILE,
+            sha256=file_sha256(out / PLAN_FILE),
+            num_packs=assignment.num_packs,
+            num_shards=int(offsets.size - 1),
+        ),
     )
-
-
-def run_pack(config: PackConfig) -> dict[str, Any]:
-    """Plan, write missing shards, check conservation, write the manifest; returns it.
-
-    Raises:
-        PackOutputConflict: ``output_dir`` holds other files or another run.
-        OversizeError, TokenizedPartError, MediaVanishedError: see `plan_pack`.
-    """
-    fingerprint = config.output_fields()
-    job = plan_pack(config)
-    out = Path(config.output_dir)
-    claim_output_dir(
-        out, {"config": fingerprint, "inputs": job.run_inputs}, (SHARDS_DIR,), "prep pack", PackOutputConflict
-    )
-    pending = [t.to_json() for t in job.tasks if not (out / SHARDS_DIR / shard_name(t.shard)).exists()]
-    log.info(
-        "pack: %d packs in %d shards, %d to write (%s executor)",
-        job.plan.num_packs,
-        len(job.tasks),
-        len(pending),
-        config.executor,
-    )
-    if pending and config.executor == "local":
-        from prep.run import run_local
-
-        run_local(ShardWorker, job.worker_kwargs, pending, desc="shards")
-    elif pending:
-        from prep.run import run_ray
-
-        try:
-            run_ray(ShardWorker, job.worker_kwargs, pending, address=config.ray_address, num_workers=config.num_workers)
-        except Exception as exc:  # Ray wraps worker errors: surface ours with their own message
-            ours = unwrap_worker_error(exc)
-            if ours is None:
-                raise
-            raise ours from exc
-    shards = check_shards(out, job.tasks, job.cols.sample_ids, job.oversize)
-    manifest = build_manifest(
-        STAGE,
-        fingerprint,
-        inputs=job.run_inputs,
-        samples={
-            "total": int(job.cols.num_tokens.size),
-            "packed": int(job.plan.item_order.size),
-            "oversize": len(job.oversize),
-        },
-        packs=pack_statistics(job.plan, job.cols.num_tokens, job.cols.media_count),
-        oversize=job.oversize,
-        shards=shards,
-    )
-    write_pack_table(out / PACK_STATS_FILE, job.plan, job.shard_offsets, job.cols.num_tokens, job.cols.media_count)
-    write_json_atomic(out / MANIFEST_FILE, manifest)
+    write_json_atomic(out / MANIFEST_FILE, manifest.to_json())
+    log.info("pack: %d packs in %d shards planned", assignment.num_packs, offsets.size - 1)
     return manifest

@@ -6,16 +6,16 @@ optimal the plan is without trusting the packer; efficiency = real tokens / pack
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from prep.pack.core import PackPlan, lower_bound_l1
-from schemas.layout import TMP_PREFIX
+from packvlm.atomic import write_arrow_atomic
+from prep.pack.assignment import PackAssignment
+from prep.pack.bounds import lower_bound_l1
+from schemas.manifest import PackManifest, PackStatistics, ShardsManifest
 from schemas.packed import PACK_STATS_SCHEMA
 
 FILL_BINS = 10
@@ -25,7 +25,7 @@ def _counts(values: np.ndarray) -> dict[str, int]:
     return {str(k): v for k, v in sorted(Counter(values.tolist()).items())}
 
 
-def pack_statistics(plan: PackPlan, num_tokens: np.ndarray, media_count: np.ndarray) -> dict[str, Any]:
+def pack_statistics(plan: PackAssignment, num_tokens: np.ndarray, media_count: np.ndarray) -> PackStatistics:
     """Counts, bounds, efficiency and histograms (fill, samples per pack, media per pack)."""
     n = plan.num_packs
     starts = plan.pack_offsets[:-1]
@@ -37,24 +37,24 @@ def pack_statistics(plan: PackPlan, num_tokens: np.ndarray, media_count: np.ndar
     fill_hist = np.bincount(bins, minlength=FILL_BINS)
     packed = np.ones(num_tokens.size, bool)
     packed[plan.oversize] = False
-    return {
-        "packs": n,
-        "lb1": lower_bound_l1(plan.slot_lengths[packed], plan.pack_size) if n else 0,
-        "lb2": plan.lb2,
-        "packs_over_lb2": n - plan.lb2,
-        "efficiency": round(plan.efficiency, 6),
-        "pack_size": plan.pack_size,
-        "tokens": plan.num_tokens,
-        "pad_tokens": plan.slot_tokens - plan.num_tokens,
-        "empty_tokens": n * plan.pack_size - plan.num_tokens,
-        "fill_histogram": {f"{k / FILL_BINS:.1f}-{(k + 1) / FILL_BINS:.1f}": int(c) for k, c in enumerate(fill_hist)},
-        "samples_per_pack": _counts(np.diff(plan.pack_offsets)),
-        "media_per_pack": _counts(media),
-    }
+    return PackStatistics(
+        packs=n,
+        lb1=lower_bound_l1(plan.slot_lengths[packed], plan.pack_size) if n else 0,
+        lb2=plan.lb2,
+        packs_over_lb2=n - plan.lb2,
+        efficiency=round(plan.efficiency, 6),
+        pack_size=plan.pack_size,
+        tokens=plan.num_tokens,
+        pad_tokens=plan.slot_tokens - plan.num_tokens,
+        empty_tokens=n * plan.pack_size - plan.num_tokens,
+        fill_histogram={f"{k / FILL_BINS:.1f}-{(k + 1) / FILL_BINS:.1f}": int(c) for k, c in enumerate(fill_hist)},
+        samples_per_pack=_counts(np.diff(plan.pack_offsets)),
+        media_per_pack=_counts(media),
+    )
 
 
 def write_pack_table(
-    path: Path, plan: PackPlan, shard_offsets: np.ndarray, num_tokens: np.ndarray, media_count: np.ndarray
+    path: Path, plan: PackAssignment, shard_offsets: np.ndarray, num_tokens: np.ndarray, media_count: np.ndarray
 ) -> None:
     """One row per pack (`PACK_STATS_SCHEMA`) via temp + rename, for `prep stats` plots."""
     starts, items = plan.pack_offsets[:-1], plan.item_order
@@ -74,25 +74,22 @@ def write_pack_table(
         },
         schema=PACK_STATS_SCHEMA,
     )
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.replace(tmp, path)
+    write_arrow_atomic(path, table)
 
 
-def format_summary(manifest: dict[str, Any], output_dir: str) -> str:
-    """Human-readable end-of-run report."""
-    s, p = manifest["samples"], manifest["packs"]
-    gap = f"{(p['packs'] / p['lb2'] - 1):.3%}" if p["lb2"] else "n/a"
+def format_summary(manifest: PackManifest, shards: ShardsManifest | None, output_dir: str) -> str:
+    """Human-readable end-of-run report of a pack run (and of its shards when written)."""
+    s, p = manifest.samples, manifest.packs
+    gap = f"{(p.packs / p.lb2 - 1):.3%}" if p.lb2 else "n/a"
     lines = [
-        f"samples: {s['total']:,} tokenized = {s['packed']:,} packed + {s['oversize']:,} oversize (dropped)",
-        f"packs: {p['packs']:,} (LB2 {p['lb2']:,}, +{gap}); efficiency {p['efficiency']:.2%} of "
-        f"{p['pack_size']:,}-token packs; {p['tokens']:,} tokens, {p['pad_tokens']:,} padding",
-        f"shards: {len(manifest['shards']):,} in {output_dir}, "
-        f"{sum(sh['bytes'] for sh in manifest['shards']) / 1e6:,.1f} MB",
-        "fill: " + "  ".join(f"{k}:{v}" for k, v in p["fill_histogram"].items() if v),
+        f"samples: {s.total:,} tokenized = {s.packed:,} packed + {s.oversize:,} oversize (dropped)",
+        f"packs: {p.packs:,} (LB2 {p.lb2:,}, +{gap}); efficiency {p.efficiency:.2%} of "
+        f"{p.pack_size:,}-token packs; {p.tokens:,} tokens, {p.pad_tokens:,} padding",
+        "fill: " + "  ".join(f"{k}:{v}" for k, v in p.fill_histogram.items() if v),
     ]
-    if manifest["oversize"]:
-        ids = ", ".join(o["sample_id"] for o in manifest["oversize"][:5])
-        lines.append(f"oversize: {ids}{' ...' if len(manifest['oversize']) > 5 else ''} (see manifest.json)")
+    if shards is not None:
+        lines.insert(2, f"shards: {len(shards.shards):,} in {output_dir}, {shards.num_bytes / 1e6:,.1f} MB")
+    if manifest.oversize:
+        ids = ", ".join(o.sample_id for o in manifest.oversize[:5])
+        lines.append(f"oversize: {ids}{' ...' if len(manifest.oversize) > 5 else ''} (see manifest.json)")
     return "\n".join(lines)

@@ -6,19 +6,17 @@ Cheap (vectorised numpy, O(n)) so every run can afford it; a failure raises
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from prep.pack.core import PackPlan
+from prep.pack.assignment import PackAssignment
+from schemas.plan import slot_tokens
 
 
 class PlanInvariantError(ValueError):
     """A plan breaks an invariant (overflow, lost or repeated sample, cap): do not write it."""
 
 
-def verify_plan(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> None:
+def verify_plan(plan: PackAssignment, lengths: np.ndarray, pack_size: int) -> None:
     """Re-check a plan against its lengths before anything is written; vectorised, O(n).
 
     Raises:
@@ -26,7 +24,7 @@ def verify_plan(plan: PackPlan, lengths: np.ndarray, pack_size: int) -> None:
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     n, unit, slots = lengths.size, plan.pad_to_multiple_of, plan.slot_lengths
-    if slots.shape != (n,) or np.any(slots != -(-lengths // unit) * unit):
+    if slots.shape != (n,) or np.any(slots != slot_tokens(lengths, unit)):
         raise PlanInvariantError(
             f"slot_lengths differ from lengths rounded up to {unit}: the plan was made from "
             "other lengths; rebuild it from this length column"

@@ -8,38 +8,19 @@ them; a reference that vanished since then is a hard error naming sample and pat
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from prep.sources.media import LMDB_SEPARATOR, LmdbPool, MediaError, MediaRef, parse_ref, read_bytes
-from schemas.tokenized import open_part
-
-ROOT = Path("/")
-
-
-class TokenizedPartError(RuntimeError):
-    """A tokenized part is missing, truncated or differs from the plan: rerun `prep tokenize`."""
+from prep.errors import WorkerInputError
+from prep.sources.media import LmdbPool, MediaError, read_bytes
+from schemas.media_ref import MediaRef
+from schemas.tokenized import TokenizedPartError, open_part
 
 
-class MediaVanishedError(RuntimeError):
+class MediaVanishedError(WorkerInputError):
     """A media file or LMDB key that tokenize read is gone: restore it or re-tokenize."""
-
-
-def open_part_checked(path: str | Path) -> pa.Table:
-    """`open_part` with a clear error for a missing or truncated file."""
-    try:
-        return open_part(path)
-    except FileNotFoundError as exc:
-        raise TokenizedPartError(f"tokenized part {path} is missing; rerun `prep tokenize` on its directory") from exc
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise TokenizedPartError(
-            f"tokenized part {path} is unreadable or truncated ({exc}); rerun `prep tokenize`"
-        ) from exc
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,7 +39,7 @@ class PartView:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        table = open_part_checked(path)
+        table = open_part(path)
         self._batches = [b for b in table.to_batches() if b.num_rows]
         self._starts = np.cumsum([0] + [b.num_rows for b in self._batches])
         self._arrays = [self._list_arrays(b) for b in self._batches]
@@ -111,39 +92,9 @@ class PartView:
         return row
 
 
-def to_media_ref(ref: str) -> MediaRef:
-    """A tokenized ``ref`` (absolute path or ``db.lmdb::KEY``) as a MediaRef, no path parsing."""
-    path, sep, key = ref.partition(LMDB_SEPARATOR)
-    return MediaRef(path=path, key=key if sep else None) if path.startswith("/") else parse_ref(ref, ROOT)
-
-
 def read_media(ref: str, sample_id: str, pool: LmdbPool) -> bytes:
-    """Original encoded bytes of a media item."""
+    """Original encoded bytes of a media item (``ref`` as tokenize recorded it: absolute)."""
     try:
-        return read_bytes(to_media_ref(ref), pool)
+        return read_bytes(MediaRef.parse(ref), pool)
     except MediaError as exc:
         raise MediaVanishedError(f"sample {sample_id}: media {ref!r} vanished since tokenize ({exc})") from exc
-
-
-def media_size(ref: str, pool: LmdbPool) -> int:
-    """Size in bytes of a media item without copying it (stat, or LMDB value length)."""
-    media = to_media_ref(ref)
-    if media.key is None:
-        return os.stat(media.path).st_size  # FileNotFoundError is mapped by the caller
-    return len(pool.get(media))
-
-
-def sample_media_bytes(media: pa.ChunkedArray, sample_ids: pa.ChunkedArray, pool: LmdbPool) -> np.ndarray:
-    """Total media bytes per sample (for shard-size planning); each distinct ref sized once."""
-    flat = pc.list_flatten(media)
-    parents = pc.list_parent_indices(media).to_numpy()
-    refs = pc.struct_field(flat, "ref") if len(flat) else pa.array([], pa.string())
-    unique, index = np.unique(np.asarray(refs.to_pylist(), dtype=object), return_inverse=True)
-    sizes = np.empty(unique.size, np.int64)
-    for k, ref in enumerate(unique):
-        try:
-            sizes[k] = media_size(ref, pool)
-        except (OSError, MediaError) as exc:
-            sample = sample_ids[int(parents[np.flatnonzero(index == k)[0]])].as_py()
-            raise MediaVanishedError(f"sample {sample}: media {ref!r} vanished since tokenize ({exc})") from exc
-    return np.bincount(parents, weights=sizes[index], minlength=len(media)).astype(np.int64)

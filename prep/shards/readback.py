@@ -1,75 +1,68 @@
-"""Reading written shards back: the conservation check of `prep pack`.
+"""Reading written shards back: the conservation check of `prep shards`.
 
 Only the ``json`` members are parsed (`iter_pack_metas` seeks over arrays and media), so
 the check costs a small fraction of the write; it runs on every run, resumed or not, and
-is what the manifest's shard rows are computed from.
+is what ``shards.json`` is computed from. Together with the pack stage's plan check
+(every tokenized sample in the plan or in the oversize report) it proves every input
+sample is in exactly one pack.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from prep.shards.tar import iter_pack_metas
-from prep.shards.worker import ShardTask
+from schemas.manifest import ShardRecord
 from schemas.packed import SHARDS_DIR, pack_key, shard_name
+from schemas.plan import PackPlan
 
 
 class PackConservationError(RuntimeError):
-    """The shards on disk do not hold every packed sample exactly once: a bug, never ignored."""
+    """The shards on disk do not hold the plan's samples exactly once each: a bug, never ignored."""
 
 
-def check_shards(
-    out: Path, tasks: list[ShardTask], sample_ids: list[pa.ChunkedArray], oversize: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Read every shard back: each planned pack in its shard, each sample once overall.
+def check_shards(out: Path, plan: PackPlan, rows: pa.Table) -> tuple[ShardRecord, ...]:
+    """Read every shard back: each pack in its planned shard, holding exactly its planned samples.
 
     Args:
-        out: The pack output directory.
-        tasks: The shard tasks of the plan.
-        sample_ids: Per input, the tokenized ``sample_id`` column.
-        oversize: The oversize report (``input``, ``sample_id``).
+        out: The packed directory.
+        plan: The plan header (shard offsets).
+        rows: The plan rows (``pack``, ``input``, ``sample_id``), in pack order.
 
     Returns:
-        One manifest row per shard: name, packs, samples, bytes.
+        One record per shard: name, packs, samples, bytes.
     """
-    seen: set[tuple[int, str]] = set()
-    shards = []
-    for task in tasks:
-        path = out / SHARDS_DIR / shard_name(task.shard)
-        keys, samples = [], 0
+    pack_col = rows.column("pack").to_numpy()
+    bounds = np.searchsorted(pack_col, np.arange(plan.num_packs + 1))
+    inputs = rows.column("input").to_pylist()
+    ids = rows.column("sample_id").to_pylist()
+    records = []
+    for s in range(plan.num_shards):
+        path = out / SHARDS_DIR / shard_name(s)
+        first, last = plan.shard_offsets[s], plan.shard_offsets[s + 1]
         try:
             metas = list(iter_pack_metas(path))
-        except ValueError as exc:
-            raise PackConservationError(f"{exc}; delete {path} and rerun to rewrite it") from exc
-        for key, meta in metas:
-            keys.append(key)
-            for s in meta["samples"]:
-                ident = (int(s["input"]), str(s["sample_id"]))
-                if ident in seen:
-                    raise PackConservationError(
-                        f"sample {ident[1]} (input {ident[0]}) appears twice; second time in {path} {key}"
-                    )
-                seen.add(ident)
-                samples += 1
-        if keys != [pack_key(p) for p, _ in task.packs]:
+        except (OSError, ValueError) as exc:
+            raise PackConservationError(f"{exc}; delete {path} and rerun `prep shards` to rewrite it") from exc
+        keys = [key for key, _ in metas]
+        if keys != [pack_key(p) for p in range(first, last)]:
             raise PackConservationError(
-                f"{path} holds packs {keys[:3]}... but the plan puts {len(task.packs)} other packs there; "
-                "delete it and rerun"
+                f"{path} holds packs {keys[:3]}... but the plan puts packs {first}..{last - 1} there; delete it and "
+                "rerun `prep shards`"
             )
-        shards.append(
-            {"name": f"{SHARDS_DIR}/{path.name}", "packs": len(keys), "samples": samples, "bytes": path.stat().st_size}
+        samples = 0
+        for p, (key, meta) in zip(range(first, last), metas):
+            got = [(int(x["input"]), str(x["sample_id"])) for x in meta["samples"]]
+            want = list(zip(inputs[bounds[p] : bounds[p + 1]], ids[bounds[p] : bounds[p + 1]]))
+            if got != want:
+                raise PackConservationError(f"{path} {key} holds samples {got[:3]}..., the plan says {want[:3]}...")
+            samples += len(got)
+        records.append(
+            ShardRecord(name=f"{SHARDS_DIR}/{path.name}", packs=len(keys), samples=samples, bytes=path.stat().st_size)
         )
-    for o in oversize:
-        seen.add((o["input"], o["sample_id"]))
-    expected = {(k, sid) for k, ids in enumerate(sample_ids) for sid in ids.to_pylist()}
-    total = sum(len(ids) for ids in sample_ids)
-    if seen != expected or len(expected) != total:
-        lost = sorted(expected - seen)[:5]
-        extra = sorted(seen - expected)[:5]
-        raise PackConservationError(
-            f"{total} tokenized samples, {len(seen)} in packs + oversize; lost {lost}, unknown {extra}"
-        )
-    return shards
+    if sum(r.samples for r in records) != rows.num_rows:
+        raise PackConservationError(f"shards hold {sum(r.samples for r in records)} samples, the plan {rows.num_rows}")
+    return tuple(records)

@@ -14,7 +14,7 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from schemas.layout import TMP_PREFIX
+from packvlm.atomic import atomic_path
 from schemas.packed import META_MEMBER, TAR_MODE, TAR_MTIME
 
 BLOCK = tarfile.BLOCKSIZE
@@ -79,18 +79,13 @@ def write_tar_atomic(path: Path, samples: Iterable[list[Member]]) -> int:
     The tar appears under its final name only when complete and synced, so a killed run (or
     a crashed machine) leaves at most a temp file, which a rerun removes and rewrites.
     """
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
-    try:
-        with open(tmp, "wb", buffering=0) as fh:
-            writer = TarWriter(fh.fileno())
-            for members in samples:
-                for name, data in sorted(members, key=lambda m: m[0]):
-                    writer.add(name, data)
-            writer.close()
-            os.fsync(fh.fileno())  # data on disk before the name: a crash never leaves a short shard
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "wb", buffering=0) as fh:
+        writer = TarWriter(fh.fileno())
+        for members in samples:
+            for name, data in sorted(members, key=lambda m: m[0]):
+                writer.add(name, data)
+        writer.close()
+        os.fsync(fh.fileno())  # data on disk before the name: a crash never leaves a short shard
     return writer.bytes_written
 
 

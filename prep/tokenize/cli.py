@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from prep.cli_options import default_of, executor_options
+from prep.run import ExecutorConfig
 from prep.tokenize.stage import TokenizeConfig
 
 
@@ -20,33 +22,46 @@ from prep.tokenize.stage import TokenizeConfig
     "--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Output directory (resumable)."
 )
 @click.option("--dataset", "datasets", multiple=True, help="Only these datasets of the config (repeatable).")
-@click.option("--max-length", type=click.IntRange(min=1), default=None, help="Samples longer than this become errors.")
+@click.option(
+    "--max-length",
+    type=click.IntRange(min=1),
+    default=default_of(TokenizeConfig, "max_length"),
+    help="Samples longer than this become errors.",
+)
 @click.option(
     "--verify-fraction",
     type=click.FloatRange(0, 1),
-    default=0.0,
+    default=default_of(TokenizeConfig, "verify_fraction"),
     show_default=True,
     help="Seeded fraction checked against the real processor.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for sample_ratio draws and verification.")
 @click.option(
-    "--rows-per-chunk", type=click.IntRange(min=1), default=512, show_default=True, help="Records per task/output part."
+    "--seed",
+    type=int,
+    default=default_of(TokenizeConfig, "seed"),
+    show_default=True,
+    help="Seed for sample_ratio draws and verification.",
+)
+@click.option(
+    "--rows-per-chunk",
+    type=click.IntRange(min=1),
+    default=default_of(TokenizeConfig, "rows_per_chunk"),
+    show_default=True,
+    help="Records per task/output part.",
 )
 @click.option(
     "--max-error-rate",
     type=click.FloatRange(0, 1),
-    default=1.0,
+    default=default_of(TokenizeConfig, "max_error_rate"),
     show_default=True,
     help="Exit non-zero above this error fraction.",
 )
-@click.option("--executor", type=click.Choice(["ray", "local"]), default="ray", show_default=True)
-@click.option("--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or embedded Ray).")
-@click.option("--num-workers", type=click.IntRange(min=1), default=None, help="Ray actors (default: CPUs - 1).")
-def tokenize_command(**options: object) -> None:
+@executor_options
+def tokenize_command(executor: ExecutorConfig, **options: object) -> None:
     """Pretokenize ShareGPT conversations with exact text + media token counts."""
     from prep.tokenize.stage import run_tokenize
     from prep.tokenize.summary import format_summary
 
     options["datasets"] = tuple(options["datasets"])  # type: ignore[arg-type]
-    manifest = run_tokenize(TokenizeConfig(**options))  # type: ignore[arg-type]
+    manifest = run_tokenize(TokenizeConfig(executor=executor, **options))  # type: ignore[arg-type]
     click.echo(format_summary(manifest))

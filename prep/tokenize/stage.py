@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from packvlm.atomic import write_arrow_atomic, write_json_atomic
 from prep.outputs import claim_output_dir
+from prep.run import ExecutorConfig, run_tasks
 from prep.sources.records import Chunk, plan_chunks
 from schemas.dataset_config import DatasetSpec, load_dataset_config, spec_to_json
-from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, TMP_PREFIX, part_name
-from schemas.manifest import build_manifest, write_json_atomic
+from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, part_name
+from schemas.manifest import ProcessorIdentity, TokenizeInputs, TokenizeManifest
+from schemas.stages import Stage
 
 log = logging.getLogger(__name__)
-STAGE = "tokenize"
 
 
 class ConservationError(RuntimeError):
@@ -45,7 +46,7 @@ class OutputDirConflict(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TokenizeConfig:
-    """Every option of `prep tokenize`. Fields above ``executor`` shape the output."""
+    """Every option of `prep tokenize`; the defaults live here only. ``executor`` never shapes the output."""
 
     dataset_config: str
     processor: str
@@ -56,9 +57,7 @@ class TokenizeConfig:
     seed: int = 0
     rows_per_chunk: int = 512
     max_error_rate: float = 1.0
-    executor: str = "ray"
-    ray_address: str | None = None
-    num_workers: int | None = None
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def output_fields(self) -> dict[str, Any]:
         """The options the output depends on (written to the manifest and the resume check)."""
@@ -117,19 +116,17 @@ def _spec_from_json(raw: dict[str, Any]) -> DatasetSpec:
 
 def _write_part(folder: Path, index: int, table: pa.Table, metadata: dict[str, str]) -> None:
     """Arrow IPC file via temp + rename: a part either exists whole or not at all."""
-    final = folder / part_name(index)
-    tmp = folder / f"{TMP_PREFIX}{final.name}.{os.getpid()}"
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), **{k.encode(): v.encode() for k, v in metadata.items()}}
     )
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.replace(tmp, final)
+    write_arrow_atomic(folder / part_name(index), table)
 
 
 def _prepare_output(config: TokenizeConfig) -> Path:
     out = Path(config.output_dir)
-    claim_output_dir(out, config.output_fields(), (SAMPLES_DIR, ERRORS_DIR), f"prep {STAGE}", OutputDirConflict)
+    claim_output_dir(
+        out, config.output_fields(), (SAMPLES_DIR, ERRORS_DIR), f"prep {Stage.TOKENIZE}", OutputDirConflict
+    )
     return out
 
 
@@ -143,9 +140,8 @@ def _chunk_json(chunk: Chunk) -> str:
     return json.dumps(asdict(chunk), sort_keys=True)
 
 
-def run_tokenize(config: TokenizeConfig) -> dict[str, Any]:
+def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
     """Plan, execute (resuming), check conservation, write the manifest; returns it."""
-    from prep.run import run_local, run_ray
     from prep.tokenize.summary import summarize_output
 
     specs = load_dataset_config(config.dataset_config, list(config.datasets) or None)
@@ -157,33 +153,33 @@ def run_tokenize(config: TokenizeConfig) -> dict[str, Any]:
         len(chunks),
         len(chunks) - len(pending),
         len(pending),
-        config.executor,
+        config.executor.executor,
     )
+    worker_config = {k: v for k, v in asdict(config).items() if k != "executor"}
     worker_kwargs = {
-        "config_json": json.dumps({**asdict(config), "output_dir": str(out)}),
+        "config_json": json.dumps({**worker_config, "output_dir": str(out)}),
         "specs_json": json.dumps([spec_to_json(s) for s in specs]),
     }
-    tasks = [_chunk_json(c) for c in pending]
-    if tasks and config.executor == "local":
-        run_local(TokenizeWorker, worker_kwargs, tasks, desc="tokenize")
-    elif tasks:
-        run_ray(TokenizeWorker, worker_kwargs, tasks, address=config.ray_address, num_workers=config.num_workers)
+    run_tasks(TokenizeWorker, worker_kwargs, [_chunk_json(c) for c in pending], config.executor, desc="tokenize")
     expected = sum(sum(c.copies) for c in chunks)
     summary = summarize_output(out, [c.index for c in chunks])
-    if summary["rows"]["samples"] + summary["rows"]["errors"] != expected:
+    if summary.rows.samples + summary.rows.errors != expected:
         raise ConservationError(
-            f"{expected} input rows but {summary['rows']['samples']} samples + {summary['rows']['errors']} errors"
+            f"{expected} input rows but {summary.rows.samples} samples + {summary.rows.errors} errors"
         )
-    manifest = build_manifest(
-        STAGE,
-        config.output_fields(),
-        datasets=[spec_to_json(s) for s in specs],
+    manifest = TokenizeManifest.create(
+        config=config.output_fields(),
+        datasets=tuple(spec_to_json(s) for s in specs),
         processor=_processor_identity(config.processor),
-        inputs={"records": sum(len(c.copies) for c in chunks), "rows_used": expected, "chunks": len(chunks)},
-        **summary,
+        inputs=TokenizeInputs(records=sum(len(c.copies) for c in chunks), rows_used=expected, chunks=len(chunks)),
+        rows=summary.rows,
+        per_dataset=summary.per_dataset,
+        errors_by_reason=summary.errors_by_reason,
+        tokens=summary.tokens,
+        verify=summary.verify,
     )
-    write_json_atomic(out / MANIFEST_FILE, manifest)
-    rate = summary["rows"]["errors"] / expected if expected else 0.0
+    write_json_atomic(out / MANIFEST_FILE, manifest.to_json())
+    rate = summary.rows.errors / expected if expected else 0.0
     if rate > config.max_error_rate:
         raise ErrorRateExceeded(
             f"error rate {rate:.2%} > --max-error-rate {config.max_error_rate:.2%}; see {out / ERRORS_DIR}"
@@ -191,7 +187,8 @@ def run_tokenize(config: TokenizeConfig) -> dict[str, Any]:
     return manifest
 
 
-def _processor_identity(path: str) -> dict[str, str]:
+def _processor_identity(path: str) -> ProcessorIdentity:
     from prep.tokenize.processor import load_processor
 
-    return load_processor(path).identity()
+    raw = load_processor(path).identity()
+    return ProcessorIdentity(class_name=raw["class"], sha256=raw["sha256"], source=raw["source"])

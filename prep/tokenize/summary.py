@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow.compute as pc
 
 from schemas.layout import ERRORS_DIR, SAMPLES_DIR, part_name
+from schemas.manifest import RowCounts, TokenizeManifest, TokenTotals, VerifyCounts
 from schemas.tokenized import open_part
 
 
-def summarize_output(out: Path, chunk_indices: list[int]) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutputSummary:
+    """The manifest sections computed from the parts."""
+
+    rows: RowCounts
+    per_dataset: dict[str, RowCounts]
+    errors_by_reason: dict[str, int]
+    tokens: TokenTotals
+    verify: VerifyCounts
+
+
+def summarize_output(out: Path, chunk_indices: list[int]) -> OutputSummary:
     """Row counts, token totals, errors by reason and verification tallies over all parts."""
-    per_dataset: dict[str, Counter] = {}
-    reasons: Counter = Counter()
-    totals: Counter = Counter()
+    per_dataset: dict[str, Counter[str]] = {}
+    reasons: Counter[str] = Counter()
+    totals: Counter[str] = Counter()
     verified = skipped = 0
     longest = 0
     for index in chunk_indices:
@@ -35,36 +47,35 @@ def summarize_output(out: Path, chunk_indices: list[int]) -> dict[str, Any]:
         reasons.update(errors.column("reason").to_pylist())
     num_samples = sum(c["samples"] for c in per_dataset.values())
     num_errors = sum(c["errors"] for c in per_dataset.values())
-    return {
-        "rows": {"samples": num_samples, "errors": num_errors},
-        "per_dataset": {k: dict(sorted(v.items())) for k, v in sorted(per_dataset.items())},
-        "errors_by_reason": dict(sorted(reasons.items())),
-        "tokens": {
-            "total": totals["num_tokens"],
-            "text": totals["num_text_tokens"],
-            "media": totals["num_media_tokens"],
-            "max_sample": longest,
-            "mean_sample": round(totals["num_tokens"] / num_samples, 2) if num_samples else 0.0,
-        },
-        "verify": {"checked": verified, "skipped_no_reference": skipped},
-    }
+    return OutputSummary(
+        rows=RowCounts(samples=num_samples, errors=num_errors),
+        per_dataset={k: RowCounts(samples=v["samples"], errors=v["errors"]) for k, v in sorted(per_dataset.items())},
+        errors_by_reason=dict(sorted(reasons.items())),
+        tokens=TokenTotals(
+            total=totals["num_tokens"],
+            text=totals["num_text_tokens"],
+            media=totals["num_media_tokens"],
+            max_sample=longest,
+            mean_sample=round(totals["num_tokens"] / num_samples, 2) if num_samples else 0.0,
+        ),
+        verify=VerifyCounts(checked=verified, skipped_no_reference=skipped),
+    )
 
 
-def format_summary(manifest: dict[str, Any]) -> str:
+def format_summary(manifest: TokenizeManifest) -> str:
     """Human-readable end-of-run report."""
-    rows, tokens, verify = manifest["rows"], manifest["tokens"], manifest["verify"]
+    rows, tokens, verify = manifest.rows, manifest.tokens, manifest.verify
     lines = [
-        f"samples: {rows['samples']:,}   errors: {rows['errors']:,}"
-        f"   (input rows used: {manifest['inputs']['rows_used']:,})",
-        f"tokens: {tokens['total']:,} total = {tokens['text']:,} text + {tokens['media']:,} media;"
-        f" longest sample {tokens['max_sample']:,}, mean {tokens['mean_sample']:,}",
-        f"verified against the processor: {verify['checked']:,} samples"
+        f"samples: {rows.samples:,}   errors: {rows.errors:,}   (input rows used: {manifest.inputs.rows_used:,})",
+        f"tokens: {tokens.total:,} total = {tokens.text:,} text + {tokens.media:,} media;"
+        f" longest sample {tokens.max_sample:,}, mean {tokens.mean_sample:,}",
+        f"verified against the processor: {verify.checked:,} samples"
         + (
-            f" ({verify['skipped_no_reference']:,} skipped: no reference processor here)"
-            if verify["skipped_no_reference"]
+            f" ({verify.skipped_no_reference:,} skipped: no reference processor here)"
+            if verify.skipped_no_reference
             else ""
         ),
     ]
-    for reason, count in manifest["errors_by_reason"].items():
+    for reason, count in manifest.errors_by_reason.items():
         lines.append(f"  error {reason}: {count:,}")
     return "\n".join(lines)

@@ -14,16 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prep.pack.assignment import PackAssignment
 from prep.pack.baselines import ffd_pack, heap_worst_fit_pack, next_fit_pack, windowed_ffd_pack
-from prep.pack.core import (
-    PackPlan,
-    PlanInvariantError,
-    counting_sort_desc,
-    lower_bound_l1,
-    lower_bound_l2,
-    plan_packs,
-    verify_plan,
-)
+from prep.pack.bounds import lower_bound_l1, lower_bound_l2
+from prep.pack.core import counting_sort_desc, plan_packs
+from prep.pack.verify import PlanInvariantError, verify_plan
 
 FAST = settings(max_examples=300, deadline=None)
 
@@ -45,7 +40,7 @@ def slots_of(lengths: np.ndarray, pad: int) -> np.ndarray:
     return (lengths + pad - 1) // pad * pad
 
 
-def packs_of(plan: PackPlan) -> list[tuple[int, ...]]:
+def packs_of(plan: PackAssignment) -> list[tuple[int, ...]]:
     return [tuple(plan.pack(p).tolist()) for p in range(plan.num_packs)]
 
 

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from prep.cli import main
 from prep.pack.stage import OversizeError, PackConservationError, PackOutputConflict
+from prep.run import LOCAL, ExecutorConfig
 from prep.shards.read import MediaVanishedError, TokenizedPartError
 from schemas.layout import MANIFEST_FILE, SAMPLES_DIR
 from tests.shards.oracles import (
@@ -213,7 +214,7 @@ def private_example(tmp_path: Path) -> tuple[Path, Path]:
             dataset_config=str(root / "dataset_info.json"),
             processor=str(root / "processor"),
             output_dir=str(tok),
-            executor="local",
+            executor=LOCAL,
         )
     )
     return root, tok
@@ -284,7 +285,7 @@ def test_cli_pack_prints_the_numbers(tok, tmp_path):
 def test_ray_executor_matches_local(packed, tok, tmp_path, ray_session):
     out, _ = packed
     ray_out = tmp_path / "ray"
-    pack([tok], ray_out, executor="ray", num_workers=1)
+    pack([tok], ray_out, executor=ExecutorConfig(executor="ray", num_workers=1))
     assert _tree(ray_out) == _tree(out)
 
 
@@ -295,7 +296,7 @@ def test_ray_worker_errors_surface_as_ours(private_example, tmp_path, ray_sessio
     ref = next(m["ref"] for r in rows.values() if r["num_tokens"] <= 1024 for m in r["media"] if "::" not in m["ref"])
     Path(ref).unlink()
     with pytest.raises(MediaVanishedError, match="vanished since tokenize") as err:
-        pack([tok], tmp_path / "o", shard_size="2packs", executor="ray", num_workers=1)
+        pack([tok], tmp_path / "o", shard_size="2packs", executor=ExecutorConfig(executor="ray", num_workers=1))
     assert str(err.value).startswith("sample ") and ref in str(err.value)
 
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from prep.pack.stage import PackConfig, run_pack
+from prep.run import LOCAL
 from schemas.tokenized import list_parts
 
 _CACHE: dict[str, Path] = {}
@@ -34,7 +35,7 @@ def tokenized_dir(example_dir: Path, factory: pytest.TempPathFactory) -> Path:
                 dataset_config=str(example_dir / "dataset_info.json"),
                 processor=str(example_dir / "processor"),
                 output_dir=str(out),
-                executor="local",
+                executor=LOCAL,
                 rows_per_chunk=16,
             )
         )
@@ -43,7 +44,7 @@ def tokenized_dir(example_dir: Path, factory: pytest.TempPathFactory) -> Path:
 
 
 def pack(inputs: list[Path], out: Path, **kw) -> dict:
-    base = dict(pack_size=1024, shard_size="4packs", executor="local")
+    base = dict(pack_size=1024, shard_size="4packs", executor=LOCAL)
     return run_pack(PackConfig(inputs=tuple(str(p) for p in inputs), output_dir=str(out), **{**base, **kw}))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prep.shards.layout import ShardSize, ShardSizeError, cut_shards, estimate_pack_bytes, parse_shard_size
+from prep.pack.shard_cut import ShardSize, ShardSizeError, cut_shards, estimate_pack_bytes, parse_shard_size
 from prep.shards.tar import iter_pack_metas, write_tar_atomic
 from schemas.packed import PackedMedia, PackedSampleMeta, PackMeta, media_extension, media_member, pack_key
 

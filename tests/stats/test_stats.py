@@ -1,14 +1,20 @@
-"""`prep stats` on a real tokenized run of the generated example and on synthetic pack output.
+"""`prep stats` on real `prep tokenize` and `prep pack` outputs of the generated example.
 
-Truths: the Arrow parts read row by row with plain pyarrow (counts, sums, extremes, media
-kinds, error reasons), the tokenize manifest's totals, and a second run (byte identity).
+Truths, read independently of the manifests the report is built from: the tokenized Arrow
+parts row by row with plain pyarrow (counts, sums, extremes, media kinds, error reasons),
+the shards' ``json`` members with the stdlib ``tarfile`` (packs, samples, media and tokens
+per pack), the shard files on disk, and a second run (byte identity).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import math
 import re
+import shutil
+import tarfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -17,13 +23,13 @@ import pytest
 from click.testing import CliRunner
 
 from prep.cli import main
-from prep.tokenize.stage import TokenizeConfig, run_tokenize
+from prep.run import LOCAL
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR
-from schemas.manifest import build_manifest, write_json_atomic
 
 pytest.importorskip("matplotlib")
 
 BINS = 16
+PACK_SIZE = 4096
 TOKEN_PLOTS = ["tokens_text", "tokens_media", "tokens_total"]
 PACK_PLOTS = ["pack_fill", "pack_samples", "pack_media"]
 IMG = re.compile(r'<figure id="(\w+)"><img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
@@ -32,16 +38,27 @@ LENGTHS = ("num_tokens", "num_text_tokens", "num_media_tokens")
 
 @pytest.fixture(scope="module")
 def tokenized(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`prep tokenize` of the example, local executor, 8 records per part."""
     out = tmp_path_factory.mktemp("stats") / "tok"
     config = TokenizeConfig(
         dataset_config=str(example_dir / "dataset_info.json"),
         processor=str(example_dir / "processor"),
         output_dir=str(out),
-        executor="local",
+        executor=LOCAL,
         verify_fraction=0.0,
         rows_per_chunk=8,
     )
     run_tokenize(config)
+    return out
+
+
+@pytest.fixture(scope="module")
+def packed(tokenized: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`prep pack` (plan + shards) of the tokenized example, 4 packs per shard."""
+    out = tmp_path_factory.mktemp("stats") / "packed"
+    args = [str(tokenized), "--output", str(out), "--pack-size", str(PACK_SIZE), "--shard-size", "4packs"]
+    result = CliRunner().invoke(main, ["pack", *args, "--executor", "local"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
     return out
 
 
@@ -57,12 +74,29 @@ def report(tokenized: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     return out, _stats(str(tokenized), "--output", str(out), "--bins", str(BINS))
 
 
+@pytest.fixture(scope="module")
+def pack_report(packed: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("pack_report")
+    return out, _stats(str(packed), "--output", str(out), "--bins", str(BINS))
+
+
 def _rows(root: Path, table: str) -> list[dict]:
     rows = []
     for part in sorted((root / table).glob("part-*.arrow")):
         with pa.OSFile(str(part), "rb") as source:
             rows.extend(pa.ipc.open_file(source).read_all().to_pylist())
     return rows
+
+
+def _packs_in_shards(packed: Path) -> list[dict]:
+    """Every pack's ``json`` member, read with tarfile from the shard files on disk."""
+    metas = []
+    for shard in sorted((packed / "shards").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".json"):
+                    metas.append(json.loads(tar.extractfile(member).read()))  # type: ignore[union-attr]
+    return metas
 
 
 def _plots(html: str) -> dict[str, bytes]:
@@ -100,10 +134,9 @@ def test_stats_json_equals_the_arrow_parts(tokenized, report):
     overall = stats["overall"]
     assert overall["errors_by_reason"] == dict(Counter(e["reason"] for e in errors))
     assert (overall["samples"], overall["errors"]) == (len(samples), len(errors))
-    manifest = json.loads((tokenized / MANIFEST_FILE).read_text())
-    assert overall["tokens"] == {k: manifest["tokens"][k] for k in ("total", "text", "media")}
-    assert overall["lengths"]["num_tokens"]["max"] == manifest["tokens"]["max_sample"]
+    assert overall["tokens"]["total"] == sum(r["num_tokens"] for r in samples)
     assert stats["stage"] == "tokenize" and stats["packs"] is None and stats["bins"] == BINS
+    assert stats["notes"] == []
 
 
 def _check_percentiles(values: list[int], dist: dict) -> None:
@@ -119,6 +152,7 @@ def _check_histogram(values: list[int], hist: dict, datasets: dict, column: str)
     assert len(edges) == len(counts) + 1 <= BINS + 1
     assert sum(counts) == len(values)
     assert edges[0] <= min(values) and max(values) < edges[-1]
+    assert all(isinstance(e, int) for e in edges)
     assert all(d["lengths"][column]["histogram"]["bin_edges"] == edges for d in datasets.values())
 
 
@@ -132,8 +166,8 @@ def test_report_embeds_one_png_per_plot(report, tokenized):
     for png in plots.values():
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
         assert b"Software" not in png and b"matplotlib" not in png.lower()
-    manifest = json.loads((tokenized / MANIFEST_FILE).read_text())
-    assert f"{manifest['rows']['samples']:,} samples, {manifest['rows']['errors']:,} errors" in output
+    samples, errors = _rows(tokenized, SAMPLES_DIR), _rows(tokenized, ERRORS_DIR)
+    assert f"{len(samples):,} samples, {len(errors):,} errors" in output
 
 
 def test_second_run_is_byte_identical(report, tokenized):
@@ -143,71 +177,103 @@ def test_second_run_is_byte_identical(report, tokenized):
         assert (tokenized / "stats" / name).read_bytes() == (out / name).read_bytes()
 
 
-def _pack_dir(root: Path, **sections: object) -> Path:
-    root.mkdir()
-    write_json_atomic(root / MANIFEST_FILE, build_manifest("pack", {"pack_size": 1000}, **sections))
-    return root
-
-
-def test_pack_manifest_renders_pack_plots_and_input_tokens(tmp_path, tokenized):
-    """The manifest shape `prep pack` writes: a ``packs`` section, range-labelled fill."""
-    packs = {
-        "packs": 4, "lb2": 4, "efficiency": 0.975, "pack_size": 1000, "tokens": 3900,
-        "fill_histogram": {"0.0-0.5": 1, "0.5-1.0": 3},
-        "samples_per_pack": {"1": 1, "2": 2, "3": 1},
-        "media_per_pack": {"0": 1, "2": 2, "3": 1},
-    }  # fmt: skip
-    packed = _pack_dir(
-        tmp_path / "packed",
-        inputs=[{"path": str(tokenized), "samples": 66}],
-        samples={"total": 9, "packed": 8, "oversize": 1},
-        packs=packs,
-    )
-    output = _stats(str(packed), "--output", str(tmp_path / "r"))
-    stats = json.loads((tmp_path / "r" / "stats.json").read_text())
+def test_pack_numbers_equal_the_shards_and_parts(packed, tokenized, pack_report):
+    """Plan numbers and per-pack distributions against the shards' json members and the parts."""
+    out, _ = pack_report
+    stats = json.loads((out / "stats.json").read_text())
     got = stats["packs"]
-    assert {k: got[k] for k in ("num_packs", "lb2", "efficiency", "pack_size", "num_tokens", "oversize")} == {
-        "num_packs": 4, "lb2": 4, "efficiency": 0.975, "pack_size": 1000, "num_tokens": 3900, "oversize": 1,
-    }  # fmt: skip
-    assert got["fill"]["histogram"] == {"bin_edges": [0.0, 0.5, 1.0], "counts": [1, 3]}
-    assert (got["samples_per_pack"]["total"], got["samples_per_pack"]["max"]) == (8, 3)
-    assert (got["media_per_pack"]["count"], got["media_per_pack"]["total"]) == (4, 7)
-    assert stats["overall"]["samples"] == len(_rows(tokenized, SAMPLES_DIR))
-    plots = list(_plots((tmp_path / "r" / "report.html").read_text()))
-    assert plots == [*TOKEN_PLOTS, "errors_by_reason", *PACK_PLOTS]
-    assert "num_packs 4" in output
+    metas = _packs_in_shards(packed)
+    lengths = [r["num_tokens"] for r in _rows(tokenized, SAMPLES_DIR)]
+    fitting = [n for n in lengths if n <= PACK_SIZE]
+    tokens = [m["num_tokens"] for m in metas]
+    assert got["num_packs"] == len(metas) > 1
+    assert got["num_samples"] == len(lengths)
+    assert got["packed_samples"] == sum(len(m["samples"]) for m in metas) == len(fitting)
+    assert got["oversize"] == len(lengths) - len(fitting)
+    assert got["num_tokens"] == sum(tokens) == sum(fitting)
+    assert got["pack_size"] == PACK_SIZE
+    assert got["lb1"] == math.ceil(sum(fitting) / PACK_SIZE)
+    assert got["lb1"] <= got["lb2"] <= got["num_packs"]
+    assert got["empty_tokens"] == len(metas) * PACK_SIZE - sum(tokens)
+    assert got["efficiency"] == pytest.approx(sum(tokens) / (len(metas) * PACK_SIZE), abs=1e-6)
+    shard_files = sorted((packed / "shards").glob("*.tar"))
+    assert got["num_shards"] == len(shard_files) > 1
+    assert got["shard_bytes"] == sum(p.stat().st_size for p in shard_files)
+
+    samples_per_pack = [len(m["samples"]) for m in metas]
+    media_per_pack = [len(m["media"]) for m in metas]
+    for key, values in (("samples_per_pack", samples_per_pack), ("media_per_pack", media_per_pack)):
+        dist = got[key]
+        assert (dist["count"], dist["total"]) == (len(values), sum(values))
+        assert (dist["min"], dist["max"]) == (min(values), max(values))
+        _check_percentiles(values, dist)
+        edges = dist["histogram"]["bin_edges"]
+        assert all(isinstance(e, int) for e in edges), "integer data gets integer bins"
+        assert sum(dist["histogram"]["counts"]) == len(values)
+    fill = got["fill"]
+    assert (fill["min"], fill["max"]) == (min(tokens) / PACK_SIZE, max(tokens) / PACK_SIZE)
+    assert fill["histogram"]["bin_edges"][0] == 0.0 and fill["histogram"]["bin_edges"][-1] == 1.0
+    assert sum(fill["histogram"]["counts"]) == len(metas)
+    # token statistics come from the tokenized input the manifest pins
+    assert stats["overall"]["tokens"]["total"] == sum(lengths)
+    assert stats["stage"] == "pack" and stats["notes"] == []
 
 
-def test_pack_stats_arrow_and_other_forms(tmp_path):
-    """Per-pack Arrow columns win; an edges/counts histogram and a value list also work."""
-    packed = _pack_dir(
-        tmp_path / "packed",
-        num_packs=3,
-        fill_histogram={"edges": [0.0, 0.5, 1.0], "counts": [0, 9]},
-        media_per_pack=[0, 2, 1],
+def test_pack_report_uses_labels_and_percentages(pack_report, packed):
+    out, output = pack_report
+    html = (out / "report.html").read_text()
+    efficiency = sum(m["num_tokens"] for m in _packs_in_shards(packed)) / (
+        json.loads((out / "stats.json").read_text())["packs"]["num_packs"] * PACK_SIZE
     )
-    per_pack = pa.table({"num_tokens": [1000, 950, 400], "num_samples": [2, 5, 1]})
-    with pa.OSFile(str(packed / "pack_stats.arrow"), "wb") as sink, pa.ipc.new_file(sink, per_pack.schema) as w:
-        w.write_table(per_pack)
-    _stats(str(packed), "--output", str(tmp_path / "r"), "--bins", "4")
+    percent = f"{efficiency:.2%}"
+    for text in (html, output):
+        assert "lower bound L1 (packs)" in text and "empty tokens (unused capacity)" in text
+        assert f"efficiency (real tokens / pack capacity) {percent}" in text.replace("</td><td>", " ")
+    assert not re.search(r"<td>(lb1|lb2|empty_tokens|efficiency)</td>", html)
+    assert list(_plots(html)) == [*TOKEN_PLOTS, "errors_by_reason", *PACK_PLOTS]
+
+
+def test_packed_dir_without_shards_or_inputs_reports_what_it_has(packed, tmp_path):
+    """No shards.json and a tokenized input gone: pack numbers stay, two notes say what is missing."""
+    from schemas.manifest import PackManifest, read_manifest
+
+    copy = tmp_path / "packed"
+    shutil.copytree(packed, copy, ignore=shutil.ignore_patterns("stats"))
+    (copy / "shards.json").unlink()
+    manifest = read_manifest(copy / MANIFEST_FILE, PackManifest)
+    gone = [dataclasses.replace(i, path=str(tmp_path / "moved")) for i in manifest.inputs]
+    moved = dataclasses.replace(manifest, inputs=tuple(gone))
+    (copy / MANIFEST_FILE).write_text(json.dumps(moved.to_json()))
+    output = _stats(str(copy), "--output", str(tmp_path / "r"))
     stats = json.loads((tmp_path / "r" / "stats.json").read_text())
-    fill = stats["packs"]["fill"]
-    assert (fill["min"], fill["max"], fill["histogram"]["counts"]) == (0.4, 1.0, [0, 1, 0, 2])
-    assert stats["packs"]["samples_per_pack"]["total"] == 8
-    assert stats["packs"]["media_per_pack"]["total"] == 3
     assert stats["overall"] is None and stats["datasets"] == {}
+    assert (stats["packs"]["num_shards"], stats["packs"]["num_packs"]) == (None, manifest.packs.packs)
+    assert len(stats["notes"]) == 2 and "shards.json" in stats["notes"][0] and "moved" in stats["notes"][1]
+    assert "note: token statistics skipped" in output
     assert list(_plots((tmp_path / "r" / "report.html").read_text())) == PACK_PLOTS
 
 
-def test_pack_manifest_without_pack_numbers_skips_pack_plots(tmp_path):
-    packed = _pack_dir(tmp_path / "bare", packs="not a section", fill_histogram={"edges": "?"})
-    _stats(str(packed), "--output", str(tmp_path / "r"))
-    stats = json.loads((tmp_path / "r" / "stats.json").read_text())
-    assert stats["packs"] == {"pack_size": 1000}
-    assert _plots((tmp_path / "r" / "report.html").read_text()) == {}
+def test_pack_stats_that_disagree_with_the_manifest_are_refused(packed, tmp_path):
+    copy = tmp_path / "packed"
+    shutil.copytree(packed, copy, ignore=shutil.ignore_patterns("stats"))
+    with pa.OSFile(str(copy / "pack_stats.arrow"), "rb") as source:
+        table = pa.ipc.open_file(source).read_all()
+    with pa.OSFile(str(copy / "pack_stats.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table.slice(1))
+    result = CliRunner().invoke(main, ["stats", str(copy)])
+    assert result.exit_code == 2
+    assert "pack_stats.arrow" in result.output and "rerun `prep pack`" in result.output
 
 
 def test_directory_without_manifest_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(main, ["stats", str(tmp_path)])
     assert result.exit_code == 2
     assert "manifest.json" in result.output
+
+
+def test_other_stage_manifest_is_a_usage_error(tokenized, tmp_path):
+    raw = json.loads((tokenized / MANIFEST_FILE).read_text())
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({**raw, "stage": "shards"}))
+    result = CliRunner().invoke(main, ["stats", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "written by `prep shards`" in result.output

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
+from prep.run import LOCAL, ExecutorConfig
 from prep.tokenize.stage import OutputDirConflict, TokenizeConfig, run_tokenize
 from schemas.dataset_config import load_dataset_config
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR
@@ -36,7 +37,7 @@ def _config(example: Path, out: Path, **kw) -> TokenizeConfig:
         dataset_config=str(example / "dataset_info.json"),
         processor=str(example / "processor"),
         output_dir=str(out),
-        executor="local",
+        executor=LOCAL,
         verify_fraction=1.0,
         rows_per_chunk=8,
     )
@@ -182,7 +183,7 @@ def test_manifest_records_processor_and_versions(local_run):
 def test_ray_executor_matches_local(local_run, example_dir, tmp_path, ray_session):
     out, _ = local_run
     ray_out = tmp_path / "ray"
-    run_tokenize(_config(example_dir, ray_out, executor="ray", num_workers=1))
+    run_tokenize(_config(example_dir, ray_out, executor=ExecutorConfig(executor="ray", num_workers=1)))
     assert _tree_bytes(ray_out) == _tree_bytes(out)
 
 

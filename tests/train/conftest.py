@@ -8,7 +8,7 @@
 - ``media="videos"``: the chat rows that carry a video (packs hold videos, often with images).
 
 Processor family qwen2_vl (the ``example_dir`` fixture). Tokenize and pack run in-process
-(``executor="local"``), 3 packs per shard so every dataset spans several shards.
+(``executor=LOCAL``), 3 packs per shard so every dataset spans several shards.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from prep.run import LOCAL
 
 VIDEO_TAG = "<video>"
 
@@ -98,7 +100,7 @@ def packed_example(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
                     processor=str(example_dir / "processor"),
                     output_dir=str(out),
                     datasets=MEDIA_DATASETS[media],
-                    executor="local",
+                    executor=LOCAL,
                     rows_per_chunk=16,
                 )
             )

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from prep.energon.index import index_dataset
 from prep.example.model import write_tiny_model
+from prep.run import LOCAL
 from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from schemas.train import CHECKPOINTS_DIR, METRICS_FILE, checkpoint_name
 from tests.shards.oracles import pack
@@ -39,7 +40,7 @@ def run_inputs(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
             processor=str(example_dir / "processor"),
             output_dir=str(tok),
             datasets=(IMAGE_DATASET,),
-            executor="local",
+            executor=LOCAL,
         )
     )
     packed = root / "packed"

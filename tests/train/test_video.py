@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 import torch
 
+from prep.run import LOCAL
+
 pytest.importorskip("torchvision")
 av = pytest.importorskip("av")
 
@@ -97,7 +99,7 @@ def packed_videos(request, example_dir: Path, tmp_path_factory: pytest.TempPathF
             processor=str(processor_dir),
             output_dir=str(tokenized),
             datasets=("videos",),
-            executor="local",
+            executor=LOCAL,
             rows_per_chunk=16,
         )
     )

@@ -1,8 +1,8 @@
-"""Which packs go to which shard: consecutive runs of the plan order, cut by size.
+"""Which packs go to which shard: consecutive runs of the plan order, cut by size (part of the plan).
 
 ``--shard-size`` is either bytes (``512MB``, ``1GiB``, ``4096``) or packs (``1000packs``).
-Byte cuts use an estimate known before writing (tar headers + arrays + media sizes + a
-json allowance), so a shard may end a little past the target; every shard holds at least
+Byte cuts use an estimate known before writing (tar headers + arrays + the media byte sizes
+recorded at tokenize time + a json allowance), so a shard may end a little past the target; every shard holds at least
 one pack, so none is empty.
 
 Example: estimated pack bytes [300, 300, 300, 300, 300], shard size 700 bytes ->
@@ -36,7 +36,7 @@ META_PER_SAMPLE = 160
 META_PER_MEDIA = 320
 
 
-class ShardSizeError(ValueError):
+class ShardSizeError(ValueError):  # a usage error: raised while parsing the option
     """``--shard-size`` is not bytes (``512MB``) or packs (``1000packs``)."""
 
 
