@@ -41,7 +41,9 @@ from machine import cpu_model
 from prep.energon.index import index_dataset
 from prep.example.media import make_image_bytes
 from prep.example.processors import build_processor_dir
-from prep.pack.stage import PackConfig, run_pack
+from prep.pack.shard_cut import parse_shard_size
+from prep.pack.stage import PackConfig
+from prep.pipeline import pack_and_shard
 from prep.run import LOCAL
 from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from schemas.layout import SAMPLES_DIR
@@ -123,14 +125,14 @@ def prepare(root: Path, num_samples: int, pack_size: int, seed: int) -> dict[str
         )
     )
     tokenized = time.perf_counter()
-    run_pack(
+    pack_and_shard(
         PackConfig(
             inputs=(str(root / "tok"),),
             output_dir=str(root / "packed"),
             pack_size=pack_size,
-            shard_size="64MB",
-            executor=LOCAL,
-        )
+            shard_size=parse_shard_size("64MB"),
+        ),
+        LOCAL,
     )
     index_dataset(root / "packed")
     done = time.perf_counter()

@@ -1,8 +1,4 @@
-"""`prep pack`: flags -> PackConfig -> run_pack, then the shards stage on the plan it wrote.
-
-The shell is the one place the two stages meet: `run_pack` writes ``plan.arrow``, and
-`run_shards` reads only that file and the tokenized parts (users get one command).
-"""
+"""`prep pack`: flags -> PackConfig -> plan, then the shards stage on it (`prep.pipeline`)."""
 
 from __future__ import annotations
 
@@ -83,12 +79,10 @@ def _default(name: str) -> object:
 @executor_options
 def pack_command(plan_only: bool, executor: ExecutorConfig, **options: object) -> None:
     """Pack tokenized samples (INPUTS: `prep tokenize` outputs) into webdataset shards."""
-    from prep.pack.stage import run_pack
     from prep.pack.stats import format_summary
-    from prep.shards.stage import ShardsConfig, run_shards
+    from prep.pipeline import pack_and_shard
 
     options["inputs"] = tuple(options["inputs"])  # type: ignore[arg-type]
     config = PackConfig(**options)  # type: ignore[arg-type]
-    manifest = run_pack(config)
-    shards = None if plan_only else run_shards(ShardsConfig(packed_dir=config.output_dir, executor=executor))
+    manifest, shards = pack_and_shard(config, executor, plan_only=plan_only)
     click.echo(format_summary(manifest, shards, config.output_dir))

@@ -123,6 +123,14 @@ def _shard_offsets(size: ShardSize, assignment: PackAssignment, cols: SampleColu
     return cut_shards(pack_bytes, size)
 
 
+def _finished(out: Path) -> PackManifest | None:
+    """The manifest of a finished plan in ``out`` (same options, checked by the claim), if intact."""
+    if not (out / MANIFEST_FILE).is_file() or not (out / PLAN_FILE).is_file():
+        return None
+    manifest = read_manifest(out / MANIFEST_FILE, PackManifest)
+    return manifest if file_sha256(out / PLAN_FILE) == manifest.plan.sha256 else None
+
+
 def _load_inputs(config: PackConfig) -> list[TokenizedInput]:
     inputs = [load_input(root) for root in config.inputs]
     check_same_processor(inputs)
@@ -143,8 +151,9 @@ def run_pack(config: PackConfig) -> PackManifest:
     out = Path(config.output_dir)
     fingerprint = {"config": config.output_fields(), "inputs": to_json([i.pack_input() for i in inputs])}
     claim_output_dir(out, fingerprint, (SHARDS_DIR,), f"prep {Stage.PACK}", PackOutputConflict)
-    if (out / MANIFEST_FILE).is_file():
-        return read_manifest(out / MANIFEST_FILE, PackManifest)
+    done = _finished(out)
+    if done is not None:
+        return done
     cols = load_columns(inputs)
     assignment = _assign(config, cols)
     oversize = _oversize_report(assignment, cols)

@@ -16,8 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from prep.pack.stage import PackConfig, run_pack
+from prep.pack.shard_cut import parse_shard_size
+from prep.pack.stage import PackConfig
+from prep.pipeline import pack_and_shard
 from prep.run import LOCAL
+from schemas.codec import to_json
 from schemas.tokenized import list_parts
 
 _CACHE: dict[str, Path] = {}
@@ -43,9 +46,14 @@ def tokenized_dir(example_dir: Path, factory: pytest.TempPathFactory) -> Path:
     return _CACHE[key]
 
 
-def pack(inputs: list[Path], out: Path, **kw) -> dict:
-    base = dict(pack_size=1024, shard_size="4packs", executor=LOCAL)
-    return run_pack(PackConfig(inputs=tuple(str(p) for p in inputs), output_dir=str(out), **{**base, **kw}))
+def pack(inputs: list[Path], out: Path, executor=LOCAL, **kw) -> dict:
+    """`prep pack` (plan + shards) through the Python API; the pack manifest plus the shard list."""
+    options = {"pack_size": 1024, "shard_size": "4packs", **kw}
+    options["shard_size"] = parse_shard_size(options["shard_size"])
+    config = PackConfig(inputs=tuple(str(p) for p in inputs), output_dir=str(out), **options)
+    manifest, shards = pack_and_shard(config, executor)
+    assert shards is not None
+    return {**manifest.to_json(), "shards": to_json(shards.shards)}
 
 
 def tokenized_rows(root: Path) -> dict[str, dict]:
