@@ -28,8 +28,8 @@ def collect_stats(data: StatsInput, bins: int) -> Stats:
     overall = None
     if data.tokenized is not None:
         datasets, overall = collect_tokenized(data.tokenized, bins)
-    packs = collect_packs(data.packs, bins) if data.packs is not None else None
-    return Stats(stage=data.stage, bins=bins, datasets=datasets, overall=overall, packs=packs)
+    packs = collect_packs(data.packed, bins) if data.packed is not None else None
+    return Stats(stage=data.stage, bins=bins, datasets=datasets, overall=overall, packs=packs, notes=data.notes)
 
 
 def collect_tokenized(tables: TokenizedTables, bins: int) -> tuple[dict[str, GroupStats], GroupStats]:

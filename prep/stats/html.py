@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from prep.stats.labels import FRACTIONS, PER_PACK_LABELS, format_number, pack_rows
 from prep.stats.plots import Plot
 from prep.stats.records import Distribution, GroupStats, PackStats, Stats
 
@@ -26,8 +27,9 @@ def render_html(stats: Stats, plots: list[Plot], title: str) -> str:
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
-        f"<p>Input written by stage <code>{escape(stats.stage)}</code>; histograms use up to {stats.bins} bins."
-        " The same numbers are in <code>stats.json</code>.</p>",
+        f"<p>Input written by stage <code>{escape(stats.stage.value)}</code>; histograms use up to {stats.bins}"
+        " bins. The same numbers are in <code>stats.json</code>.</p>",
+        *(f"<p><strong>Note:</strong> {escape(note)}</p>" for note in stats.notes),
     ]
     if stats.overall is not None:
         parts += ["<h2>Datasets</h2>", _datasets_table(stats), "<h2>Token lengths</h2>", _lengths_table(stats)]
@@ -65,7 +67,7 @@ def _datasets_table(stats: Stats) -> str:
     kinds = sorted({k for _, g in _groups(stats) for k in g.media_items})
     header = ["dataset", "samples", "errors", "with media", *(f"{k} items" for k in kinds)]
     header += ["tokens", "text tokens", "media tokens"]
-    rows = []
+    rows: list[list[object]] = []
     for name, g in _groups(stats):
         media = [g.media_items.get(k, 0) for k in kinds]
         totals = [g.lengths[c].total for c, _ in LENGTH_LABELS]
@@ -75,7 +77,7 @@ def _datasets_table(stats: Stats) -> str:
 
 def _lengths_table(stats: Stats) -> str:
     header = ["dataset", "length", "mean", "min", "p50", "p90", "p99", "max"]
-    rows = []
+    rows: list[list[object]] = []
     for name, g in _groups(stats):
         for column, label in LENGTH_LABELS:
             d: Distribution = g.lengths[column]
@@ -84,14 +86,12 @@ def _lengths_table(stats: Stats) -> str:
 
 
 def _packs_table(packs: PackStats) -> str:
-    rows: list[list[object]] = [[k, v] for k, v in sorted(packs.scalars.items())]
-    for name, d in sorted(packs.per_pack.items()):
+    """Plan numbers under readable labels, then each per-pack distribution's summary."""
+    rows: list[list[object]] = [[label, value] for label, value in pack_rows(packs)]
+    for name, label in PER_PACK_LABELS:
+        d = packs.per_pack[name]
         for field in ("mean", "p50", "p90", "p99", "max"):
-            value = getattr(d, field)
-            if value is not None:
-                rows.append([f"{name} {field}", value])
-    if not rows:
-        return "<p>The pack manifest records no pack statistics this report knows.</p>"
+            rows.append([f"{label}, {field}", format_number(getattr(d, field), name in FRACTIONS)])
     return _table(["quantity", "value"], rows)
 
 
@@ -107,10 +107,4 @@ def _total(stats: Stats, reason: str) -> int:
 
 
 def _fmt(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
+    return format_number(value) if value is None or isinstance(value, (int, float)) else str(value)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from prep.stats.records import Distribution, GroupStats, Number, Stats
+from prep.stats.labels import FRACTIONS, PER_PACK_LABELS, format_number
+from prep.stats.records import Distribution, GroupStats, PackStats, Stats
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -66,9 +67,9 @@ def render_plots(stats: Stats) -> list[Plot]:
             plots.append(Plot(key="errors_by_reason", title="Errors by reason", png=png))
     if stats.packs is not None:
         for key, name, title in PACK_PLOTS:
-            dist = stats.packs.per_pack.get(name)
-            if dist is not None and dist.histogram is not None and sum(dist.histogram.counts):
-                png = _draw(partial(_pack, dist=dist, title=title, scalars=stats.packs.scalars))
+            dist = stats.packs.per_pack[name]
+            if dist.count:
+                png = _draw(partial(_pack, dist=dist, name=name, title=title, packs=stats.packs))
                 plots.append(Plot(key=key, title=title, png=png))
     return plots
 
@@ -94,11 +95,13 @@ def _lengths(ax: Axes, groups: dict[str, Distribution], title: str) -> None:
         hist = dist.histogram
         if hist is None:
             continue
-        label = f"{name} (n={dist.count:,}, p50={_fmt(dist.p50)}, p99={_fmt(dist.p99)}, max={_fmt(dist.max)})"
+        facts = ", ".join(f"{k}={format_number(getattr(dist, k))}" for k in ("p50", "p99", "max"))
+        label = f"{name} (n={dist.count:,}, {facts})"
         ax.stairs(hist.counts, hist.edges, label=label, linewidth=1.6)
     ax.set_title(f"{title}, by dataset")
     ax.set_xlabel("tokens per sample")
     ax.set_ylabel("samples")
+    _integer_ticks(ax.xaxis)
     _integer_ticks(ax.yaxis)
     if groups:
         ax.legend(fontsize="small")
@@ -123,19 +126,23 @@ def _errors(ax: Axes, datasets: dict[str, GroupStats], overall: GroupStats) -> N
     ax.legend(fontsize="small")
 
 
-def _pack(ax: Axes, dist: Distribution, title: str, scalars: dict[str, Number]) -> None:
+def _pack(ax: Axes, dist: Distribution, name: str, title: str, packs: PackStats) -> None:
     """A per-pack histogram; the fill plot's title carries packs, L2 bound and efficiency."""
     hist = dist.histogram
     if hist is None:
         return
     ax.stairs(hist.counts, hist.edges, fill=True, alpha=0.8)
-    plan = ("num_packs", "lb2", "efficiency") if title == "Pack fill" else ()
-    facts = [f"{k}={_fmt(scalars[k])}" for k in plan if k in scalars]
-    facts += [f"{k}={_fmt(getattr(dist, k))}" for k in ("mean", "p50", "max") if getattr(dist, k) is not None]
-    ax.set_title(f"{title} ({', '.join(facts)})" if facts else title, fontsize="medium")
-    fraction = title == "Pack fill" and float(hist.edges[-1]) <= 1.0
-    ax.set_xlabel("fill (tokens / pack_size)" if fraction else title.lower())
+    fraction = name in FRACTIONS
+    facts = []
+    if name == "fill":
+        facts += [f"packs {packs.num_packs:,}", f"lower bound L2 {packs.lb2:,}"]
+        facts.append(f"efficiency {format_number(packs.efficiency, fraction=True)}")
+    facts += [f"{k} {format_number(getattr(dist, k), fraction)}" for k in ("mean", "p50", "max")]
+    ax.set_title(f"{title} ({', '.join(facts)})", fontsize="medium")
+    ax.set_xlabel(dict(PER_PACK_LABELS)[name])
     ax.set_ylabel("packs")
+    if not fraction:
+        _integer_ticks(ax.xaxis)
     _integer_ticks(ax.yaxis)
 
 
@@ -143,13 +150,3 @@ def _integer_ticks(axis: Axis) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axis.set_major_locator(MaxNLocator(integer=True))
-
-
-def _fmt(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)

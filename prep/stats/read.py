@@ -1,43 +1,49 @@
-"""Read what `prep stats` needs from a stage's output directory, column by column.
+"""Read what `prep stats` needs from a stage's output directory, through `schemas/` only.
 
-A tokenized directory (stage ``tokenize``) is read through :mod:`schemas.tokenized`:
-memory-mapped parts, only the length columns, ``dataset``, ``media`` (kinds only are
-touched) and the errors' ``dataset``/``reason``. A packed directory (stage ``pack``) is read
-from its ``manifest.json`` plus, where present, ``pack_stats.arrow`` (one row per pack) and
-``pack_stats.json``; token statistics come from its own ``samples/`` parts or, failing
-that, from the tokenized directories its manifest names (``inputs: [{"path": ...}]``).
+The directory's ``manifest.json`` says which stage wrote it (`schemas.manifest_stage`):
+
+- ``tokenize`` (`TokenizeManifest`): the parts its manifest counts, memory-mapped, only
+  the length columns, ``dataset``, ``media`` (kinds only are touched) and the errors'
+  ``dataset``/``reason``; row counts must match the manifest.
+- ``pack`` (`PackManifest`): its manifest, ``pack_stats.arrow`` (one row per pack, must
+  agree with the manifest), ``shards.json`` when the shards are complete
+  (`read_packed_output`), and the token columns of the tokenized inputs its manifest pins,
+  when each is still there with the manifest sha256 it was packed from. A missing section
+  becomes a note in the report, never a guess.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
-from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR
-from schemas.manifest import read_manifest
-from schemas.tokenized import list_parts, read_column
+from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, part_name
+from schemas.manifest import (
+    ManifestError,
+    PackManifest,
+    ShardsManifest,
+    TokenizeManifest,
+    file_sha256,
+    read_manifest,
+)
+from schemas.manifest_stage import read_manifest_of
+from schemas.packed import PACK_STATS_FILE, PACK_STATS_SCHEMA, IncompleteShardsError, read_packed_output
+from schemas.stages import Stage
+from schemas.tokenized import ERRORS_SCHEMA, SAMPLES_SCHEMA, open_part
 
-TOKENIZE_STAGE = "tokenize"
-PACK_STAGE = "pack"
-PACK_STATS_ARROW = "pack_stats.arrow"
-PACK_STATS_JSON = "pack_stats.json"
 SAMPLE_COLUMNS = ("dataset", "num_tokens", "num_text_tokens", "num_media_tokens", "media")
 ERROR_COLUMNS = ("dataset", "reason")
-# Where a pack manifest may name the tokenized directory it planned from.
-TOKENIZED_REF_KEYS = ("tokenized", "tokenized_dir", "input", "input_dir", "inputs")
 
 
 class StatsInputError(ValueError):
-    """The directory is not a finished `prep tokenize` or `prep pack` output."""
+    """The directory is not a finished, consistent `prep tokenize` or `prep pack` output."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class TokenizedTables:
-    """Columns of a tokenized directory, zero-copy over the memory-mapped parts.
+    """Columns of tokenized directories, zero-copy over the memory-mapped parts.
 
     Attributes:
         samples: ``dataset``, ``num_tokens``, ``num_text_tokens``, ``num_media_tokens``,
@@ -50,18 +56,18 @@ class TokenizedTables:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class PackSource:
-    """Everything a packed directory says about its packs, as found on disk.
+class PackedTables:
+    """A packed directory's pack data.
 
     Attributes:
-        manifest: The parsed ``manifest.json`` (stage ``pack``).
-        extra: Parsed ``pack_stats.json``, or None.
-        per_pack: ``pack_stats.arrow`` (one row per pack), or None.
+        manifest: Its ``manifest.json``.
+        shards: Its ``shards.json`` when the shards of this plan are complete, else None.
+        per_pack: ``pack_stats.arrow``, one row per pack (`PACK_STATS_SCHEMA`).
     """
 
-    manifest: dict[str, Any]
-    extra: dict[str, Any] | None
-    per_pack: pa.Table | None
+    manifest: PackManifest
+    shards: ShardsManifest | None
+    per_pack: pa.Table
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -69,109 +75,102 @@ class StatsInput:
     """One directory's inputs to `prep stats`.
 
     Attributes:
-        stage: Stage that wrote the directory (``tokenize`` or ``pack``).
-        tokenized: Sample and error columns, or None (a packed dir without token data).
-        packs: Pack-level data of a packed dir, else None.
+        stage: Stage that wrote the directory.
+        tokenized: Sample and error columns, or None (a packed dir whose inputs are gone).
+        packed: Pack data of a packed dir, else None.
+        notes: Why a section is missing.
     """
 
-    stage: str
+    stage: Stage
     tokenized: TokenizedTables | None
-    packs: PackSource | None
+    packed: PackedTables | None
+    notes: tuple[str, ...] = ()
 
 
 def read_input(root: str | Path) -> StatsInput:
     """Read a tokenized or packed directory.
 
     Raises:
-        StatsInputError: No manifest, an unreadable one, or a stage other than tokenize/pack.
+        StatsInputError: No manifest, an unreadable one, another stage's, or files that
+            disagree with it.
     """
     root = Path(root)
-    manifest = _manifest(root)
-    stage = manifest.get("stage")
-    if stage == TOKENIZE_STAGE:
-        return StatsInput(stage=stage, tokenized=read_tokenized(root), packs=None)
-    if stage == PACK_STAGE:
-        packs = PackSource(manifest=manifest, extra=_pack_json(root), per_pack=_pack_arrow(root))
-        return StatsInput(stage=stage, tokenized=_tokenized_for_pack(root, manifest), packs=packs)
-    raise StatsInputError(f"{root}: manifest stage {stage!r}; `prep stats` reads tokenize or pack output")
+    try:
+        manifest = read_manifest_of(root / MANIFEST_FILE, (TokenizeManifest, PackManifest))
+        if isinstance(manifest, TokenizeManifest):
+            return StatsInput(stage=Stage.TOKENIZE, tokenized=read_tokenized(root, manifest), packed=None)
+        if isinstance(manifest, PackManifest):
+            return _read_packed(root, manifest)
+    except ManifestError as exc:
+        raise StatsInputError(str(exc)) from exc
+    raise StatsInputError(f"{root}: `prep stats` reads tokenize or pack output, not {type(manifest).__name__}")
 
 
-def read_tokenized(root: Path) -> TokenizedTables:
-    """Only the columns statistics need, memory-mapped, over all completed parts."""
-    samples = pa.table({c: read_column(root, c, SAMPLES_DIR) for c in SAMPLE_COLUMNS})
-    errors = pa.table({c: read_column(root, c, ERRORS_DIR) for c in ERROR_COLUMNS})
+def read_tokenized(root: Path, manifest: TokenizeManifest) -> TokenizedTables:
+    """Only the columns statistics need, over exactly the parts the manifest counts."""
+    chunks = manifest.inputs.chunks
+    samples = _columns(root, SAMPLES_DIR, chunks, SAMPLES_SCHEMA, SAMPLE_COLUMNS, manifest.rows.samples)
+    errors = _columns(root, ERRORS_DIR, chunks, ERRORS_SCHEMA, ERROR_COLUMNS, manifest.rows.errors)
     return TokenizedTables(samples=samples, errors=errors)
 
 
-def _manifest(root: Path) -> dict[str, Any]:
-    path = root / MANIFEST_FILE
-    if not path.is_file():
-        raise StatsInputError(f"{root} has no {MANIFEST_FILE}: run `prep tokenize` or `prep pack` to completion first")
+def _columns(root: Path, table: str, parts: int, schema: pa.Schema, columns: tuple[str, ...], rows: int) -> pa.Table:
+    paths = [root / table / part_name(i) for i in range(parts)]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise StatsInputError(
+            f"{root / table}: parts {missing[:3]} of {parts} are missing; rerun `prep tokenize` to restore them"
+        )
+    empty = pa.schema([schema.field(c) for c in columns]).empty_table()
+    out = pa.concat_tables([empty, *(open_part(p).select(list(columns)) for p in paths)])
+    if out.num_rows != rows:
+        raise StatsInputError(f"{root / table}: parts hold {out.num_rows} rows, the manifest says {rows}")
+    return out
+
+
+def _read_packed(root: Path, manifest: PackManifest) -> StatsInput:
+    notes: list[str] = []
     try:
-        return read_manifest(path)
-    except (ValueError, json.JSONDecodeError) as exc:
-        raise StatsInputError(f"{path}: {exc}") from exc
+        shards: ShardsManifest | None = read_packed_output(root).shards
+    except IncompleteShardsError as exc:
+        shards = None
+        notes.append(f"shards: {exc}")
+    packed = PackedTables(manifest=manifest, shards=shards, per_pack=_pack_table(root, manifest))
+    tokenized = _tokenized_inputs(manifest, notes)
+    return StatsInput(stage=Stage.PACK, tokenized=tokenized, packed=packed, notes=tuple(notes))
 
 
-def _pack_json(root: Path) -> dict[str, Any] | None:
-    path = root / PACK_STATS_JSON
+def _pack_table(root: Path, manifest: PackManifest) -> pa.Table:
+    """``pack_stats.arrow``, checked against its schema and the manifest's pack count."""
+    path = root / PACK_STATS_FILE
     if not path.is_file():
+        raise StatsInputError(f"{path} is missing: rerun `prep pack` with the same options to restore it")
+    table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    for field in PACK_STATS_SCHEMA:
+        if table.schema.get_field_index(field.name) < 0 or table.schema.field(field.name).type != field.type:
+            raise StatsInputError(f"{path}: column {field.name} ({field.type}) missing; rerun `prep pack`")
+    if table.num_rows != manifest.packs.packs:
+        raise StatsInputError(
+            f"{path} has {table.num_rows} packs, {root / MANIFEST_FILE} {manifest.packs.packs}: rerun `prep pack`"
+        )
+    return table
+
+
+def _tokenized_inputs(manifest: PackManifest, notes: list[str]) -> TokenizedTables | None:
+    """Token columns of every input as packed; None (and a note) if one is gone or changed."""
+    tables = []
+    for item in manifest.inputs:
+        path = Path(item.path) / MANIFEST_FILE
+        if not path.is_file():
+            notes.append(f"token statistics skipped: tokenized input {item.path} is not there")
+            return None
+        if file_sha256(path) != item.manifest_sha256:
+            notes.append(f"token statistics skipped: tokenized input {item.path} changed after it was packed")
+            return None
+        tables.append(read_tokenized(Path(item.path), read_manifest(path, TokenizeManifest)))
+    if not tables:
         return None
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    return payload if isinstance(payload, dict) else None
-
-
-def _pack_arrow(root: Path) -> pa.Table | None:
-    """``pack_stats.arrow`` as an IPC file, or else an IPC stream."""
-    path = root / PACK_STATS_ARROW
-    if not path.is_file():
-        return None
-    source = pa.memory_map(str(path), "r")
-    try:
-        return pa.ipc.open_file(source).read_all()
-    except pa.ArrowInvalid:
-        source.seek(0)
-        return pa.ipc.open_stream(source).read_all()
-
-
-def _tokenized_for_pack(root: Path, manifest: dict[str, Any]) -> TokenizedTables | None:
-    """Token columns of a packed dir: its own parts, else those of the tokenized dirs it names."""
-    if list_parts(root, SAMPLES_DIR):
-        return read_tokenized(root)
-    found: dict[Path, None] = {}
-    for candidate in _referenced_dirs(manifest):
-        for path in (Path(candidate), root / candidate):
-            if (path / MANIFEST_FILE).is_file() and _stage_of(path) == TOKENIZE_STAGE:
-                found.setdefault(path.resolve())
-                break
-    if not found:
-        return None
-    tables = [read_tokenized(path) for path in found]
     return TokenizedTables(
         samples=pa.concat_tables([t.samples for t in tables]),
         errors=pa.concat_tables([t.errors for t in tables]),
     )
-
-
-def _referenced_dirs(manifest: dict[str, Any]) -> list[str]:
-    """Paths under the reference keys: strings, lists of strings, or items with a ``path``."""
-    found: list[str] = []
-    for section in (manifest, manifest.get("config"), manifest.get("inputs")):
-        if not isinstance(section, dict):
-            continue
-        for key in TOKENIZED_REF_KEYS:
-            value = section.get(key)
-            items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
-            for item in items:
-                if isinstance(item, dict):
-                    item = item.get("path")
-                if isinstance(item, str):
-                    found.append(item)
-    return found
-
-
-def _stage_of(path: Path) -> str | None:
-    try:
-        return read_manifest(path / MANIFEST_FILE).get("stage")
-    except (ValueError, json.JSONDecodeError):
-        return None

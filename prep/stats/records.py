@@ -10,10 +10,12 @@ at least q% of the data at or below it). Example, lengths ``[3, 5, 5, 9]``, bins
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+
+from schemas.stages import Stage
 
 PERCENTILES = (50, 90, 99)
 Number = int | float
@@ -99,19 +101,47 @@ class GroupStats:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackStats:
-    """What a packed directory reports about its packs; missing parts stay absent.
+    """Pack numbers of a packed directory: plan-level counts from its ``PackManifest``,
+    shard totals from its ``ShardsManifest`` and per-pack distributions from
+    ``pack_stats.arrow``.
 
     Attributes:
-        scalars: Plan-level numbers found (``num_packs``, ``lb2``, ``efficiency``, ...).
-        per_pack: Distribution per pack quantity (``fill``, ``samples_per_pack``,
-            ``media_per_pack``) that the directory describes.
+        pack_size: Tokens per pack.
+        num_packs: Packs in the plan.
+        lb1: ceil(slot tokens / pack_size), a lower bound on ``num_packs``.
+        lb2: Martello-Toth L2 lower bound on ``num_packs``.
+        packs_over_lb2: ``num_packs - lb2``.
+        efficiency: Real tokens / (packs x pack_size), a fraction.
+        num_tokens: Real tokens in packs.
+        pad_tokens: Slot rounding tokens (``pad_to_multiple_of``).
+        empty_tokens: ``num_packs x pack_size - num_tokens``.
+        num_samples: Tokenized samples over all inputs (= packed + oversize).
+        packed_samples: Samples in packs.
+        oversize: Samples longer than a pack, dropped.
+        num_shards: Shards written from the plan; None while none are complete.
+        shard_bytes: Their total size; None like ``num_shards``.
+        per_pack: ``fill`` (fraction of pack_size), ``samples_per_pack``, ``media_per_pack``.
     """
 
-    scalars: dict[str, Number]
+    pack_size: int
+    num_packs: int
+    lb1: int
+    lb2: int
+    packs_over_lb2: int
+    efficiency: float
+    num_tokens: int
+    pad_tokens: int
+    empty_tokens: int
+    num_samples: int
+    packed_samples: int
+    oversize: int
+    num_shards: int | None
+    shard_bytes: int | None
     per_pack: dict[str, Distribution]
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.scalars, **{k: v.to_json() for k, v in self.per_pack.items()}}
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "per_pack"}
+        return {**out, **{k: v.to_json() for k, v in self.per_pack.items()}}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,17 +154,20 @@ class Stats:
         datasets: Per-dataset statistics, by name; empty without token data.
         overall: All datasets together, or None without token data.
         packs: Pack statistics of a packed directory, else None.
+        notes: Why a section is missing (e.g. a packed dir's tokenized input is gone).
     """
 
-    stage: str
+    stage: Stage
     bins: int
     datasets: dict[str, GroupStats]
     overall: GroupStats | None
     packs: PackStats | None
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "stage": self.stage,
+            "stage": self.stage.value,
+            "notes": list(self.notes),
             "bins": self.bins,
             "datasets": {k: v.to_json() for k, v in self.datasets.items()},
             "overall": self.overall.to_json() if self.overall else None,
@@ -150,6 +183,11 @@ def integer_edges(values: np.ndarray, bins: int) -> np.ndarray:
     width = max(1, -(-(hi - lo + 1) // bins))
     count = -(-(hi - lo + 1) // width)
     return lo + width * np.arange(count + 1, dtype=np.int64)
+
+
+def integer_distribution(values: np.ndarray, bins: int) -> Distribution:
+    """Whole-number data (counts, lengths): integer bins, so no bin splits a value."""
+    return distribution(values, integer_edges(values, bins))
 
 
 def fraction_edges(bins: int) -> np.ndarray:

@@ -1,13 +1,14 @@
 """`prep stats` stage: a tokenized or packed directory -> ``stats.json`` + ``report.html``.
 
-Inputs: ``DIR/manifest.json`` (stage ``tokenize`` or ``pack``), the tokenized parts
-(columns read memory-mapped, see :mod:`prep.stats.read`) and any pack statistics.
+Inputs: ``DIR/manifest.json`` (a `TokenizeManifest` or `PackManifest`), the tokenized
+parts it counts (columns read memory-mapped, see :mod:`prep.stats.read`) and, for a packed
+dir, ``pack_stats.arrow`` and ``shards.json``.
 Outputs, in ``--output`` (default ``DIR/stats``): ``stats.json`` (sorted keys) and
 ``report.html`` (self-contained, plots as base64 PNGs). Invariants: nothing in ``DIR`` is
 modified besides the default output folder; the same input and config give byte-identical
 files. Example ``stats.json`` (abridged)::
 
-    {"bins": 50, "stage": "tokenize", "packs": null,
+    {"bins": 50, "stage": "tokenize", "packs": null, "notes": [],
      "datasets": {"chat": {"samples": 48, "errors": 14, "media_items": {"image": 40},
                            "tokens": {"total": 30112, "text": 2011, "media": 28101},
                            "lengths": {"num_tokens": {"count": 48, "p50": 310, "p99": 15331,
@@ -18,17 +19,16 @@ files. Example ``stats.json`` (abridged)::
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from packvlm.atomic import write_bytes_atomic, write_json_atomic
 from prep.stats.collect import collect_stats
 from prep.stats.html import render_html
+from prep.stats.labels import pack_rows
 from prep.stats.plots import render_plots, require_matplotlib
 from prep.stats.read import read_input
 from prep.stats.records import Stats
-from schemas.layout import TMP_PREFIX
-from schemas.manifest import write_json_atomic
 
 STATS_DIR = "stats"
 STATS_JSON = "stats.json"
@@ -64,15 +64,9 @@ def run_stats(config: StatsConfig) -> Stats:
     out = config.output_path()
     out.mkdir(parents=True, exist_ok=True)
     title = f"packvlm stats: {Path(config.input_dir).resolve().name}"
-    _write_text_atomic(out / REPORT_HTML, render_html(stats, plots, title))
+    write_bytes_atomic(out / REPORT_HTML, render_html(stats, plots, title).encode("utf-8"))
     write_json_atomic(out / STATS_JSON, stats.to_json())
     return stats
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def format_summary(stats: Stats, out: Path) -> str:
@@ -88,7 +82,7 @@ def format_summary(stats: Stats, out: Path) -> str:
             f" max {tokens.max}"
         )
     if stats.packs is not None:
-        found = ", ".join(f"{k} {v}" for k, v in sorted(stats.packs.scalars.items())) or "no plan numbers"
-        lines.append(f"packs: {found}; per-pack plots: {', '.join(sorted(stats.packs.per_pack)) or 'none'}")
+        lines.append("; ".join(f"{label} {value}" for label, value in pack_rows(stats.packs)))
+    lines += [f"note: {note}" for note in stats.notes]
     lines.append(f"wrote {out / STATS_JSON} and {out / REPORT_HTML}")
     return "\n".join(lines)

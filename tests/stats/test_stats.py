@@ -23,7 +23,6 @@ import pytest
 from click.testing import CliRunner
 
 from prep.cli import main
-from prep.run import LOCAL
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR
 
 pytest.importorskip("matplotlib")
@@ -40,15 +39,10 @@ LENGTHS = ("num_tokens", "num_text_tokens", "num_media_tokens")
 def tokenized(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`prep tokenize` of the example, local executor, 8 records per part."""
     out = tmp_path_factory.mktemp("stats") / "tok"
-    config = TokenizeConfig(
-        dataset_config=str(example_dir / "dataset_info.json"),
-        processor=str(example_dir / "processor"),
-        output_dir=str(out),
-        executor=LOCAL,
-        verify_fraction=0.0,
-        rows_per_chunk=8,
-    )
-    run_tokenize(config)
+    args = ["--dataset-config", str(example_dir / "dataset_info.json"), "--processor", str(example_dir / "processor")]
+    args += ["--output", str(out), "--rows-per-chunk", "8", "--executor", "local"]
+    result = CliRunner().invoke(main, ["tokenize", *args])
+    assert result.exit_code == 0, result.output + repr(result.exception)
     return out
 
 
@@ -211,7 +205,7 @@ def test_pack_numbers_equal_the_shards_and_parts(packed, tokenized, pack_report)
         assert all(isinstance(e, int) for e in edges), "integer data gets integer bins"
         assert sum(dist["histogram"]["counts"]) == len(values)
     fill = got["fill"]
-    assert (fill["min"], fill["max"]) == (min(tokens) / PACK_SIZE, max(tokens) / PACK_SIZE)
+    assert (fill["min"], fill["max"]) == pytest.approx((min(tokens) / PACK_SIZE, max(tokens) / PACK_SIZE), abs=1e-6)
     assert fill["histogram"]["bin_edges"][0] == 0.0 and fill["histogram"]["bin_edges"][-1] == 1.0
     assert sum(fill["histogram"]["counts"]) == len(metas)
     # token statistics come from the tokenized input the manifest pins
