@@ -1,0 +1,95 @@
+"""The house's import rules, from the source: no circles, schemas import no stage, stages meet
+only through files (pack and shards never import each other; `prep.pipeline` composes them)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("prep", "schemas", "train", "packvlm")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> our modules it imports (anywhere in the file, deferred imports included)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.add(node.module)
+                targets.update(f"{node.module}.{a.name}" for a in node.names)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _is_package_edge(a: str, b: str) -> bool:
+    """A package's ``__init__`` importing its own modules (family self-registration) is not a circle."""
+    return b.startswith(a + ".") or a.startswith(b + ".")
+
+
+def test_no_import_circles() -> None:
+    graph = _imports(_modules())
+    pruned = {a: {b for b in targets if not _is_package_edge(a, b)} for a, targets in graph.items()}
+    assert _cycles(pruned) == []
+
+
+def test_schemas_import_no_stage_and_stages_meet_through_files() -> None:
+    graph = _imports(_modules())
+    for module, targets in graph.items():
+        if module.startswith("schemas"):
+            assert all(t.startswith("schemas") for t in targets), (module, targets)
+        if module.startswith("prep.pack"):
+            assert not any(t.startswith("prep.shards") for t in targets), (module, targets)
+        if module.startswith("prep.shards"):
+            assert not any(t.startswith("prep.pack") for t in targets), (module, targets)
+        if module.startswith("packvlm"):
+            assert not any(t.startswith(("prep", "train")) for t in targets), (module, targets)
