@@ -87,7 +87,7 @@ def _lengths_table(stats: Stats) -> str:
 
 def _packs_table(packs: PackStats) -> str:
     """Plan numbers under readable labels, then each per-pack distribution's summary."""
-    rows: list[list[object]] = [[label, value] for label, value in pack_rows(packs)]
+    rows: list[list[object]] = [[label, value] for group in pack_rows(packs) for label, value in group]
     for name, label in PER_PACK_LABELS:
         d = packs.per_pack[name]
         for field in ("mean", "p50", "p90", "p99", "max"):

@@ -25,7 +25,7 @@ from pathlib import Path
 from packvlm.atomic import write_bytes_atomic, write_json_atomic
 from prep.stats.collect import collect_stats
 from prep.stats.html import render_html
-from prep.stats.labels import pack_rows
+from prep.stats.labels import format_number, pack_rows
 from prep.stats.plots import render_plots, require_matplotlib
 from prep.stats.read import read_input
 from prep.stats.records import Stats
@@ -78,11 +78,11 @@ def format_summary(stats: Stats, out: Path) -> str:
         lines.append(
             f"{len(stats.datasets)} datasets: {g.samples:,} samples, {g.errors:,} errors;"
             f" tokens {tokens.total:,} (text {g.lengths['num_text_tokens'].total:,},"
-            f" media {g.lengths['num_media_tokens'].total:,}); sample length p50 {tokens.p50}, p99 {tokens.p99},"
-            f" max {tokens.max}"
+            f" media {g.lengths['num_media_tokens'].total:,}); sample length p50 {format_number(tokens.p50)},"
+            f" p99 {format_number(tokens.p99)}, max {format_number(tokens.max)}"
         )
     if stats.packs is not None:
-        lines.append("; ".join(f"{label} {value}" for label, value in pack_rows(stats.packs)))
+        lines += ["; ".join(f"{label} {value}" for label, value in group) for group in pack_rows(stats.packs)]
     lines += [f"note: {note}" for note in stats.notes]
     lines.append(f"wrote {out / STATS_JSON} and {out / REPORT_HTML}")
     return "\n".join(lines)
