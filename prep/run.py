@@ -93,14 +93,14 @@ def run_ray(
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ds = ray.data.from_items([{"task": t} for t in tasks], override_num_blocks=max(1, len(tasks)))
-    ds = ds.map_batches(
+    mapped = ds.map_batches(
         worker_cls,
         fn_constructor_kwargs=worker_kwargs,
         batch_size=1,
         compute=ray.data.ActorPoolStrategy(size=size),
         num_cpus=1,
     )
-    return ds.take_all()
+    return mapped.take_all()
 
 
 LOCAL = ExecutorConfig(executor="local")  # in-process, for tests and small runs

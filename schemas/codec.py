@@ -67,7 +67,7 @@ def _convert(tp: Any, raw: Any, where: str) -> Any:
             except ManifestFormatError as exc:
                 errors.append(str(exc))
         raise ManifestFormatError("; ".join(errors))
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass(tp, raw, where)
     if isinstance(tp, type) and issubclass(tp, Enum):
         try:

@@ -69,7 +69,7 @@ def _dataclass_rows(cls: type, prefix: str = "") -> list[tuple[str, str]]:
         tp = hints[f.name]
         name = prefix + json_key(f)
         inner = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else tp
-        if dataclasses.is_dataclass(inner):
+        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
             rows.append((name, "list<object>" if inner is not tp else "object"))
             rows.extend(_dataclass_rows(inner, f"{name}[]." if inner is not tp else f"{name}."))
         else:

@@ -105,13 +105,20 @@ def open_part(path: str | Path) -> pa.Table:
         TokenizedPartError: The file is missing, truncated or not an Arrow IPC file.
     """
     try:
-        return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
     except FileNotFoundError as exc:
         raise TokenizedPartError(f"tokenized part {path} is missing; rerun `prep tokenize` on its directory") from exc
     except (pa.ArrowInvalid, OSError) as exc:
         raise TokenizedPartError(
             f"tokenized part {path} is unreadable or truncated ({exc}); rerun `prep tokenize`"
         ) from exc
+    version = (table.schema.metadata or {}).get(b"packvlm.version", b"?").decode()
+    if version != str(TOKENIZED_SCHEMA_VERSION):
+        raise TokenizedPartError(
+            f"tokenized part {path} has format version {version}, this packvlm reads version "
+            f"{TOKENIZED_SCHEMA_VERSION}; rerun `prep tokenize` with this packvlm"
+        )
+    return table
 
 
 def read_column(root: str | Path, column: str, table: str = SAMPLES_DIR) -> pa.ChunkedArray:

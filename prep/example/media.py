@@ -206,6 +206,7 @@ def write_video(
     # bitexact: no random segment UID / date in Matroska, no version strings in headers.
     with av.open(str(path), "w", format=container_format, options={"fflags": "+bitexact"}) as container:
         stream = container.add_stream(codec or default_codec, rate=rate)
+        assert isinstance(stream, av.VideoStream)  # narrows the type: a video codec gives a video stream
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.time_base = 1 / rate
         stream.codec_context.thread_count = 1

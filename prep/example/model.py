@@ -49,10 +49,10 @@ def _processor_settings(processor_dir: Path) -> dict[str, Any]:
         "vision_start_token_id": "<|vision_start|>",
         "vision_end_token_id": "<|vision_end|>",
     }
-    ids = {}
+    ids: dict[str, int] = {}
     for name, token in tokens.items():
         token_id = tokenizer.convert_tokens_to_ids(token)
-        if token_id is None or token_id == tokenizer.unk_token_id:
+        if not isinstance(token_id, int) or token_id or token_id == tokenizer.unk_token_id:
             raise ValueError(f"{processor_dir}: tokenizer has no {token!r}; is it a Qwen-VL processor?")
         ids[name] = int(token_id)
     image = json.loads((Path(processor_dir) / "preprocessor_config.json").read_text("utf-8"))
@@ -103,7 +103,7 @@ def tiny_model_config(family: str, processor_dir: str | Path) -> PretrainedConfi
     common = {**s["ids"], "tie_word_embeddings": True, "dtype": "float32"}
     if family == "qwen2_vl":
         rope = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 3, 3]}
-        vision = {"depth": VISION_DEPTH, "embed_dim": VISION_HIDDEN, "num_heads": VISION_HEADS, "mlp_ratio": 2}
+        vision: dict[str, Any] = {"depth": VISION_DEPTH, "embed_dim": VISION_HIDDEN, "num_heads": VISION_HEADS, "mlp_ratio": 2}
         vision |= {"hidden_size": TEXT_HIDDEN, **patches}
         return Qwen2VLConfig(text_config=_text_config(s, rope), vision_config=vision, **common)
     if family == "qwen2_5_vl":

@@ -71,7 +71,8 @@ def build_pack(
             "parts changed since planning, rerun `prep pack` into a new directory"
         )
     members: list[Member] = []
-    samples, media = [], []
+    samples: list[PackedSampleMeta] = []
+    media: list[PackedMedia] = []
     for i, (input_index, row) in enumerate(rows):
         first = len(media)
         for item in row.media:
@@ -107,9 +108,9 @@ def build_pack(
         samples=tuple(samples),
         media=tuple(media),
     )
-    ids = np.concatenate([r.input_ids for _, r in rows]).astype(np.int32, copy=False)
-    mask = np.concatenate([r.loss_mask for _, r in rows]).astype(np.uint8, copy=False)
+    input_ids = np.concatenate([r.input_ids for _, r in rows]).astype(np.int32, copy=False)
+    loss_mask = np.concatenate([r.loss_mask for _, r in rows]).astype(np.uint8, copy=False)
     members.append((f"{key}.{META_MEMBER}", json.dumps(meta.to_json(), sort_keys=True, separators=(",", ":")).encode()))
-    members.append((f"{key}.{INPUT_IDS_MEMBER}", _npy(ids)))
-    members.append((f"{key}.{LOSS_MASK_MEMBER}", _npy(mask)))
+    members.append((f"{key}.{INPUT_IDS_MEMBER}", _npy(input_ids)))
+    members.append((f"{key}.{LOSS_MASK_MEMBER}", _npy(loss_mask)))
     return members

@@ -49,7 +49,8 @@ class PartView:
         """Small columns of a batch as Python lists, converted once (per-row scalars are slow)."""
         if b not in self._py:
             batch = self._batches[b]
-            self._py[b] = tuple(batch.column(c).to_pylist() for c in ("sample_id", "dataset", "media"))  # type: ignore[assignment]
+            ids, datasets, media = (batch.column(c).to_pylist() for c in ("sample_id", "dataset", "media"))
+            self._py[b] = (ids, datasets, media)
         return self._py[b]
 
     @staticmethod
