@@ -98,16 +98,36 @@ class Manifest:
         return cls(schema_version=cls.VERSION, stage=cls.STAGE, libraries=library_versions(), **fields)
 
 
+def _load(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{path} does not exist: not a finished {what} output") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path} is unreadable ({exc}); rerun {what}") from exc
+
+
 def read_manifest(path: str | Path, cls: type[M]) -> M:
     """Load and check the manifest at ``path`` as ``cls``."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ManifestError(f"{path} does not exist: not a finished `prep {cls.STAGE.value}` output") from exc
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{path} is unreadable ({exc}); rerun `prep {cls.STAGE.value}`") from exc
-    return cls.from_json(raw, str(path))
+    return cls.from_json(_load(path, f"`prep {cls.STAGE.value}`"), str(path))
+
+
+def read_any_manifest(path: str | Path, classes: tuple[type[Manifest], ...]) -> Manifest:
+    """Load the manifest at ``path`` as whichever of ``classes`` its ``stage`` names (`prep stats DIR`).
+
+    Raises:
+        ManifestError: Missing or unreadable file, a stage none of ``classes`` reads, or
+            (from the chosen class) an unknown version or a malformed field.
+    """
+    path = Path(path)
+    stages = " or ".join(f"`prep {cls.STAGE.value}`" for cls in classes)
+    raw = _load(path, stages)
+    stage = raw.get("stage") if isinstance(raw, dict) else None
+    for cls in classes:
+        if stage == cls.STAGE.value:
+            return cls.from_json(raw, str(path))
+    raise ManifestError(f"{path} was written by `prep {stage}`, expected the output of {stages}")
 
 
 # --- prep tokenize ---------------------------------------------------------------------

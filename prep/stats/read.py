@@ -1,6 +1,6 @@
 """Read what `prep stats` needs from a stage's output directory, through `schemas/` only.
 
-The directory's ``manifest.json`` says which stage wrote it (`schemas.manifest_stage`):
+The directory's ``manifest.json`` says which stage wrote it (`schemas.manifest.read_any_manifest`):
 
 - ``tokenize`` (`TokenizeManifest`): the parts its manifest counts, memory-mapped, only
   the length columns, ``dataset``, ``media`` (kinds only are touched) and the errors'
@@ -26,9 +26,9 @@ from schemas.manifest import (
     ShardsManifest,
     TokenizeManifest,
     file_sha256,
+    read_any_manifest,
     read_manifest,
 )
-from schemas.manifest_stage import read_manifest_of
 from schemas.packed import PACK_STATS_FILE, PACK_STATS_SCHEMA, IncompleteShardsError, read_packed_output
 from schemas.stages import Stage
 from schemas.tokenized import ERRORS_SCHEMA, SAMPLES_SCHEMA, open_part
@@ -96,7 +96,7 @@ def read_input(root: str | Path) -> StatsInput:
     """
     root = Path(root)
     try:
-        manifest = read_manifest_of(root / MANIFEST_FILE, (TokenizeManifest, PackManifest))
+        manifest = read_any_manifest(root / MANIFEST_FILE, (TokenizeManifest, PackManifest))
         if isinstance(manifest, TokenizeManifest):
             return StatsInput(stage=Stage.TOKENIZE, tokenized=read_tokenized(root, manifest), packed=None)
         if isinstance(manifest, PackManifest):
