@@ -187,7 +187,7 @@ def in_process_run(packed: Path, processor: Path, model: Path, max_packs: int) -
     """Energon reads the cooked packs first (not timed); then `PackEncoder.encode` on one thread."""
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-    from prep.energon.cooker import PackedTaskEncoder
+    from packvlm.energon import PackedTaskEncoder
     from train.encoder import PackEncoder
 
     dataset = get_train_dataset(
@@ -195,7 +195,7 @@ def in_process_run(packed: Path, processor: Path, model: Path, max_packs: int) -
         batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None, repeat=False,
         task_encoder=PackedTaskEncoder(),
     )  # fmt: skip
-    packs = list(get_loader(dataset))[:max_packs]
+    packs = [sample.pack for sample in get_loader(dataset)][:max_packs]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what a loader worker gets (torch's worker loop sets 1 thread)
     try:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from schemas.layout import MANIFEST_FILE
@@ -237,3 +238,51 @@ def read_packed_output(root: str | Path) -> PackedOutput:
     if missing:
         raise IncompleteShardsError(f"{root}: shards {missing[:3]} are missing; run `prep shards {root}`")
     return PackedOutput(root=root, manifest=manifest, shards=shards)
+
+
+# --- a pack as a loader reads it back (`packvlm.energon` cooks shards into these) ---------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackedMediaItem:
+    """One media item of a loaded pack: its metadata and its original encoded bytes."""
+
+    meta: PackedMedia
+    data: bytes  # the member ``<key>.<meta.member>``, never re-encoded
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class LoadedPack:
+    """One pack read back from a shard: sample i owns tokens [cu_seqlens[i], cu_seqlens[i+1]).
+
+    Plain data (no loader types), so the code turning packs into model inputs is testable
+    on hand-built packs. ``eq=False``: numpy arrays have no truth value.
+    """
+
+    meta: PackMeta
+    input_ids: np.ndarray  # int32 [T], T = meta.num_tokens
+    loss_mask: np.ndarray  # uint8 [T], 1 on tokens to learn
+    media: tuple[PackedMediaItem, ...]  # meta.media with their bytes, in token order
+
+    @property
+    def key(self) -> str:
+        return self.meta.key
+
+    @property
+    def pack_size(self) -> int:
+        return self.meta.pack_size
+
+    @property
+    def cu_seqlens(self) -> np.ndarray:
+        """int32 [S+1]: boundaries of the samples' real tokens."""
+        return np.asarray(self.meta.cu_seqlens, dtype=np.int32)
+
+    @property
+    def cu_seqlens_padded(self) -> np.ndarray:
+        """int32 [S+1]: slot boundaries (lengths rounded up to pad_to_multiple_of)."""
+        return np.asarray(self.meta.cu_seqlens_padded, dtype=np.int32)
+
+    @property
+    def sample_ids(self) -> tuple[str, ...]:
+        """Tokenized sample ids, in pack order."""
+        return tuple(s.sample_id for s in self.meta.samples)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from packvlm.atomic import write_bytes_atomic
 from schemas.layout import TMP_PREFIX
 from schemas.train import (
     CHECKPOINTS_DIR,
@@ -98,6 +99,7 @@ def save_checkpoint(
     """Write ``OUT/checkpoints/step-N`` collectively; every rank must call it."""
     root = out / CHECKPOINTS_DIR
     final = root / checkpoint_name(state.step)
+    # a directory all ranks write into: a fixed temp name (`packvlm.atomic` temp names carry a pid)
     tmp = root / f"{TMP_PREFIX}{final.name}"
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -112,9 +114,7 @@ def save_checkpoint(
     if ctx.is_main:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        latest_tmp = root / f"{TMP_PREFIX}{LATEST_FILE}"
-        latest_tmp.write_text(final.name + "\n", encoding="utf-8")
-        os.replace(latest_tmp, root / LATEST_FILE)
+        write_bytes_atomic(root / LATEST_FILE, f"{final.name}\n".encode())
     barrier(ctx)
     return final
 

@@ -1,12 +1,12 @@
 """Open a `prep pack` + `prep energon-index` directory for training, or say what to fix.
 
-Checks, in the order a user would fix them: the path exists; it holds a pack ``manifest.json``;
-the shards the manifest lists are there; ``prep energon-index`` ran (``.nv-meta`` with
+Checks, in the order a user would fix them: the path exists; it is a complete packed directory
+(``manifest.json`` and ``shards.json`` of this schema version, every shard there, read with
+`schemas.packed.read_packed_output`); ``prep energon-index`` ran (``.nv-meta`` with
 ``dataset.yaml``, ``split.yaml``, ``.info.json`` and a ``.tar.idx`` per shard); the pack
 format version (``dataset.yaml`` subflavors and the first pack's json) is the one this code
-reads; the processor class the shards were tokenized with (read from the tokenized
-directories the pack manifest lists) equals the processor given for training; the train
-split holds at least one pack per data-parallel worker.
+reads; the processor class `prep pack` recorded for its inputs equals the processor given for
+training; the train split holds at least one pack per data-parallel worker.
 
 Example::
 
@@ -17,19 +17,24 @@ Example::
 from __future__ import annotations
 
 import json
-import logging
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from prep.energon.index import DATASET_YAML, META_DIR, EnergonIndexError, packed_shards, read_index
+from prep.energon.index import DATASET_YAML, META_DIR, EnergonIndexError, read_index, read_packed_dir
 from schemas.layout import MANIFEST_FILE
-from schemas.manifest import file_sha256, read_manifest
-from schemas.packed import META_MEMBER, PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION
+from schemas.manifest import ManifestError, ManifestVersionError, PackManifest
+from schemas.packed import (
+    META_MEMBER,
+    PACK_SUBFLAVORS,
+    PACKED_SCHEMA_VERSION,
+    IncompleteShardsError,
+    PackedOutput,
+    PackMeta,
+)
 
-log = logging.getLogger(__name__)
 INFO_JSON = ".info.json"
 SPLIT_YAML = "split.yaml"
 
@@ -48,11 +53,11 @@ class PackedDatasetInfo:
     num_packs: int  # in the split opened
     num_shards: int  # in the split opened
     split: str
-    processor_class: str | None  # None when the tokenized manifests are not reachable here
+    processor_class: str | None  # recorded by `prep pack` per input; None only without inputs
     tokenized_inputs: tuple[str, ...]
 
 
-def _manifest(root: Path) -> tuple[dict, list[str]]:
+def _packed_output(root: Path) -> PackedOutput:
     if not root.exists():
         raise TrainConfigError(f"--data {root}: does not exist")
     if not (root / MANIFEST_FILE).is_file():
@@ -61,14 +66,15 @@ def _manifest(root: Path) -> tuple[dict, list[str]]:
             "--pack-size N` then `prep energon-index` on it"
         )
     try:
-        return packed_shards(root)
-    except EnergonIndexError as exc:
+        return read_packed_dir(root)
+    except (EnergonIndexError, IncompleteShardsError, ManifestVersionError) as exc:  # each names its fix
         raise TrainConfigError(f"--data {root}: {exc}") from exc
-    except ValueError as exc:  # read_manifest: wrong stage or schema
+    except ManifestError as exc:  # another stage's manifest, or malformed
         raise TrainConfigError(f"--data {root}: {exc}; point --data at a `prep pack` output") from exc
 
 
 def _check_index(root: Path, shards: list[str]) -> None:
+    """Energon's index files exist for this directory and each of its shards."""
     meta = root / META_DIR
     fix = f"run `prep energon-index {root}`"
     if not meta.is_dir():
@@ -80,6 +86,7 @@ def _check_index(root: Path, shards: list[str]) -> None:
 
 
 def _check_format(root: Path, first_shard: str) -> None:
+    """``dataset.yaml`` subflavors and the first pack's json are the pack format this code reads."""
     definition = yaml.safe_load((root / META_DIR / DATASET_YAML).read_text(encoding="utf-8")) or {}
     sub = definition.get("subflavors") or {}
     fix = "re-run `prep pack` and `prep energon-index` with this packvlm version"
@@ -92,12 +99,14 @@ def _check_format(root: Path, first_shard: str) -> None:
         )
     with tarfile.open(root / first_shard, "r:") as tar:
         member = next((m for m in tar if m.name.endswith(f".{META_MEMBER}")), None)
-        version = json.load(tar.extractfile(member)).get("version") if member else None
-    if version != PACKED_SCHEMA_VERSION:
-        raise TrainConfigError(
-            f"--data {root}: pack json version {version} in {first_shard}, this code reads "
-            f"{PACKED_SCHEMA_VERSION}: {fix}"
-        )
+        data = tar.extractfile(member) if member else None
+        raw = json.load(data) if data else None
+    if raw is None:
+        raise TrainConfigError(f"--data {root}: {first_shard} holds no pack json: {fix}")
+    try:
+        PackMeta.from_json(raw)
+    except (KeyError, TypeError, ValueError) as exc:  # ValueError names a version this code does not read
+        raise TrainConfigError(f"--data {root}: first pack of {first_shard}: {exc}: {fix}") from exc
 
 
 def _processor_class(processor: str) -> str:
@@ -109,21 +118,9 @@ def _processor_class(processor: str) -> str:
         raise TrainConfigError(f"--processor {processor}: cannot be loaded ({exc})") from exc
 
 
-def tokenized_processor_class(manifest: dict) -> str | None:
-    """The processor class the pack's inputs were tokenized with (None if unreachable here)."""
-    classes = set()
-    for item in manifest.get("inputs", []):
-        if "processor" in item:  # recorded by `prep pack` itself
-            classes.add(item["processor"]["class"])
-            continue
-        path = Path(item["path"]) / MANIFEST_FILE  # older pack outputs: ask the tokenized directory
-        if not path.is_file():
-            log.warning("tokenized manifest %s not found: cannot check the processor class", path)
-            return None
-        if item.get("manifest_sha256") and file_sha256(path) != item["manifest_sha256"]:
-            log.warning("%s changed since `prep pack` ran: cannot check the processor class", path)
-            return None
-        classes.add(read_manifest(path, stage="tokenize")["processor"]["class"])
+def tokenized_processor_class(manifest: PackManifest) -> str | None:
+    """The processor class the pack's inputs were tokenized with, as `prep pack` recorded it."""
+    classes = {item.processor.class_name for item in manifest.inputs}
     if len(classes) > 1:
         raise TrainConfigError(f"the pack inputs were tokenized with different processors {sorted(classes)}")
     return classes.pop() if classes else None
@@ -150,7 +147,9 @@ def open_packed_dataset(
     root = Path(path).resolve()
     if processor is not None and processor_class is None:
         processor_class = _processor_class(processor)
-    manifest, shards = _manifest(root)
+    packed = _packed_output(root)
+    manifest = packed.manifest
+    shards = [s.name for s in packed.shards.shards]
     _check_index(root, shards)
     _check_format(root, shards[0])
     tokenized_class = tokenized_processor_class(manifest)
@@ -170,11 +169,11 @@ def open_packed_dataset(
         )
     return PackedDatasetInfo(
         path=root,
-        pack_size=int(manifest["config"]["pack_size"]),
-        pad_to_multiple_of=int(manifest["config"].get("pad_to_multiple_of", 1)),
+        pack_size=manifest.pack_size,
+        pad_to_multiple_of=manifest.pad_to_multiple_of,
         num_packs=num_packs,
         num_shards=len(parts),
         split=split,
         processor_class=tokenized_class,
-        tokenized_inputs=tuple(str(i["path"]) for i in manifest.get("inputs", [])),
+        tokenized_inputs=tuple(i.path for i in manifest.inputs),
     )

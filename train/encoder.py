@@ -2,9 +2,10 @@
 
 Hooks in Energon's call order (all stateless, so a restored loader replays them exactly):
 
-1. ``cook_crude_sample`` - the shipped cooker (`prep.energon.cooker.PACK_COOKER`), raw bytes in
-   (``decoder = None``) -> `PackedSample`.
-2. ``encode_sample`` - `PackEncoder.encode`: slot layout, labels, positions, vision tensors.
+1. ``cook_crude_sample`` - the shipped cooker (`packvlm.energon.PACK_COOKER`, inherited from
+   `packvlm.energon.PackedTaskEncoder`), raw bytes in (``decoder = None``) -> `PackedSample`.
+2. ``encode_sample`` - `PackEncoder.encode` on its `LoadedPack`: slot layout, labels, positions,
+   vision tensors.
 3. ``batch`` - `train.batch.concat_batches` over Energon's ``batch_size`` = packs per micro-batch.
 4. ``encode_batch`` - identity.
 
@@ -24,10 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from megatron.energon import DefaultTaskEncoder, stateless
+from megatron.energon import stateless
 from transformers import AutoConfig, PretrainedConfig
 
-from prep.energon.cooker import PACK_COOKER, PackedSample
+from packvlm.energon import PackedSample, PackedTaskEncoder
+from schemas.packed import LoadedPack
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.media import MediaProcessor, PackEncodeError, VisionInputs
 from train.rope import RopeIndex, SampleMedia
@@ -42,13 +44,13 @@ def load_model_config(model_config: ModelConfigSource) -> PretrainedConfig:
     return AutoConfig.from_pretrained(str(model_config))
 
 
-def slot_layout(pack: PackedSample, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def slot_layout(pack: LoadedPack, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Row ids [T] and labels [T] in the slot layout (see module docstring)."""
     cu, cp = pack.cu_seqlens, pack.cu_seqlens_padded
     total = int(cp[-1])
     padded = total != int(cu[-1])
     if padded and pad_token_id is None:
-        raise PackEncodeError(f"pack {pack.__key__}: slots hold padding but the tokenizer has no pad token")
+        raise PackEncodeError(f"pack {pack.key}: slots hold padding but the tokenizer has no pad token")
     ids = np.full(total, pad_token_id if padded else 0, dtype=np.int64)
     labels = np.full(total, IGNORE_INDEX, dtype=np.int64)
     for i in range(len(cu) - 1):
@@ -60,9 +62,9 @@ def slot_layout(pack: PackedSample, pad_token_id: int | None) -> tuple[torch.Ten
     return torch.from_numpy(ids), torch.from_numpy(labels)
 
 
-def per_sample_media(pack: PackedSample, vision: VisionInputs) -> list[SampleMedia]:
+def per_sample_media(pack: LoadedPack, vision: VisionInputs) -> list[SampleMedia]:
     """Split the pack's grids by sample: row k of ``image_grid_thw`` is the pack's k-th image."""
-    owners = {kind: [m.sample for m in pack.media if m.kind == kind] for kind in ("image", "video")}
+    owners = {kind: [m.meta.sample for m in pack.media if m.meta.kind == kind] for kind in ("image", "video")}
 
     def rows(grids: torch.Tensor | None, kind: str, sample: int) -> torch.Tensor | None:
         index = [k for k, owner in enumerate(owners[kind]) if owner == sample]
@@ -98,10 +100,10 @@ class PackEncoder:
             pad_token_id=bundle.tokenizer.pad_token_id,
         )
 
-    def encode(self, pack: PackedSample) -> PackedBatch:
+    def encode(self, pack: LoadedPack) -> PackedBatch:
         """One pack -> one `PackedBatch` (batch size 1, slot layout)."""
         ids, labels = slot_layout(pack, self.pad_token_id)
-        vision = self.media.process(str(pack.__key__), pack.media, pack.sample_ids)
+        vision = self.media.process(pack.key, pack.media, pack.sample_ids)
         positions = self.rope.positions(
             ids, pack.cu_seqlens.tolist(), pack.cu_seqlens_padded.tolist(), per_sample_media(pack, vision)
         )
@@ -119,12 +121,12 @@ class PackEncoder:
             pixel_values_videos=vision.pixel_values_videos,
             video_grid_thw=vision.video_grid_thw,
             second_per_grid_ts=vision.second_per_grid_ts,
-            pack_keys=(str(pack.__key__),),
+            pack_keys=(pack.key,),
             sample_ids=tuple(pack.sample_ids),
         )
 
 
-class PackedBatchTaskEncoder(DefaultTaskEncoder[PackedSample, PackedBatch, PackedBatch, PackedBatch]):
+class PackedBatchTaskEncoder(PackedTaskEncoder[PackedBatch, PackedBatch, PackedBatch]):
     """Energon TaskEncoder for `prep pack` datasets yielding `PackedBatch` micro-batches.
 
     Plug into any Energon loader (``batch_size`` = packs per micro-batch)::
@@ -132,8 +134,6 @@ class PackedBatchTaskEncoder(DefaultTaskEncoder[PackedSample, PackedBatch, Packe
         get_train_dataset(path, batch_size=k, task_encoder=PackedBatchTaskEncoder(processor_dir, model_dir), ...)
     """
 
-    cookers = [PACK_COOKER]
-    decoder = None  # media stay original bytes; the cooker parses json/npy itself
     #: a failing pack is a broken plan, not noise: stop at the first (Energon's default skips 99)
     __default_failure_tolerance__ = 1
 
@@ -157,7 +157,7 @@ class PackedBatchTaskEncoder(DefaultTaskEncoder[PackedSample, PackedBatch, Packe
 
     @stateless
     def encode_sample(self, sample: PackedSample) -> PackedBatch:
-        return self.encoder.encode(sample)
+        return self.encoder.encode(sample.pack)
 
     @stateless
     def batch(self, samples: list[PackedBatch]) -> PackedBatch:

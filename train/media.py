@@ -30,7 +30,7 @@ import torch
 from PIL import Image
 from transformers.image_utils import load_image
 
-from prep.energon.cooker import PackedMediaItem
+from schemas.packed import PackedMediaItem
 
 
 class PackEncodeError(ValueError):
@@ -56,6 +56,10 @@ class MediaOrigin:
     pack_key: str
     sample_id: str
     member: str
+
+    @classmethod
+    def of(cls, pack_key: str, item: PackedMediaItem, sample_ids: Sequence[str]) -> MediaOrigin:
+        return cls(pack_key=pack_key, sample_id=sample_ids[item.meta.sample], member=item.meta.member)
 
     def __str__(self) -> str:
         return f"pack {self.pack_key}, sample {self.sample_id}, member {self.member}"
@@ -105,7 +109,7 @@ def decode_video_frames(data: bytes, frame_indices: Sequence[int], origin: Media
     keep = set(wanted)
     frames: list[np.ndarray] = []
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), mode="r") as container:
             stream = container.streams.video[0]
             # the same fields prep.sources.media.video_meta (and transformers' PyAV reader) read
             total = int(stream.frames)
@@ -161,15 +165,15 @@ class MediaProcessor:
 
     def process(self, pack_key: str, media: Sequence[PackedMediaItem], sample_ids: Sequence[str]) -> VisionInputs:
         """Vision tensors for a pack's media (already in token order); grids checked."""
-        images = [m for m in media if m.kind == "image"]
-        videos = [m for m in media if m.kind == "video"]
+        images = [m for m in media if m.meta.kind == "image"]
+        videos = [m for m in media if m.meta.kind == "video"]
         out: dict[str, torch.Tensor] = {}
         if images:
             pixels, grids = [], []
             for item in images:
-                origin = MediaOrigin(pack_key=pack_key, sample_id=sample_ids[item.sample], member=item.member)
+                origin = MediaOrigin.of(pack_key, item, sample_ids)
                 got = self.image_processor(images=[decode_image(item.data, origin)], return_tensors="pt")
-                check_grid(origin, item.grid_thw, got["image_grid_thw"][0].tolist())
+                check_grid(origin, item.meta.grid_thw, got["image_grid_thw"][0].tolist())
                 pixels.append(got["pixel_values"])
                 grids.append(got["image_grid_thw"])
             out["pixel_values"] = torch.cat(pixels)
@@ -183,16 +187,16 @@ class MediaProcessor:
     ) -> dict[str, torch.Tensor]:
         pixels, grids, seconds = [], [], []
         for item in videos:
-            origin = MediaOrigin(pack_key=pack_key, sample_id=sample_ids[item.sample], member=item.member)
+            origin = MediaOrigin.of(pack_key, item, sample_ids)
             if self.video_processor is None:
                 raise VideoProcessorUnavailable(
                     f"{origin}: the pack holds a video but the model's video processor could not be loaded "
                     "(HF video processors need torchvision): `pip install torchvision` matching your torch, "
                     "or train on image/text-only data"
                 )
-            decoded = decode_video_frames(item.data, item.frame_indices, origin)
+            decoded = decode_video_frames(item.data, item.meta.frame_indices, origin)
             got = self.video_processor(videos=[decoded.frames], do_sample_frames=False, return_tensors="pt")
-            check_grid(origin, item.grid_thw, got["video_grid_thw"][0].tolist())
+            check_grid(origin, item.meta.grid_thw, got["video_grid_thw"][0].tolist())
             pixels.append(got["pixel_values_videos"])
             grids.append(got["video_grid_thw"])
             seconds.append(self.temporal_patch_size / decoded.sampled_fps)

@@ -8,12 +8,11 @@ are dropped first, so the file reads as if the run had never stopped.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from schemas.layout import TMP_PREFIX
+from packvlm.atomic import write_bytes_atomic
 from train.batch import PackedBatch
 from train.distributed import DistContext, gather_objects
 
@@ -101,9 +100,7 @@ class MetricsWriter:
         if not self.path.is_file():
             return
         kept = [ln for ln in self.path.read_text(encoding="utf-8").splitlines() if json.loads(ln)["step"] <= step]
-        tmp = self.path.with_name(f"{TMP_PREFIX}{self.path.name}")
-        tmp.write_text("".join(f"{ln}\n" for ln in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_bytes_atomic(self.path, "".join(f"{ln}\n" for ln in kept).encode("utf-8"))
 
     def write(self, metrics: StepMetrics) -> None:
         row = asdict(metrics) | {"real_token_fraction": round(metrics.real_token_fraction, 6)}

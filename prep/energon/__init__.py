@@ -1,5 +1,5 @@
-"""Stage `energon`: index packed shards with Energon's own API, blend them, cook packs.
+"""Stage `energon`: index packed shards with Energon's own API and blend indexed datasets.
 
-`index` (prepare + dataset.yaml + verify), `blend` (MetadatasetV2 YAML), `cooker`
-(`cook_pack`, `PACK_COOKER`, `PackedTaskEncoder`).
+`index` (prepare + dataset.yaml + verify), `blend` (MetadatasetV2 YAML). The load hooks
+(cooker, TaskEncoder base) live in `packvlm.energon`, shared with `train`.
 """

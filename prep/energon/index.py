@@ -1,12 +1,13 @@
 """`prep energon-index` stage: make a `prep pack` directory an Energon dataset.
 
-Inputs: ``DIR`` holding ``manifest.json`` (stage ``pack``) and the shards it lists.
+Inputs: ``DIR``, a complete packed directory: ``manifest.json`` (`PackManifest`) and
+``shards.json`` (`ShardsManifest`) with the shards it lists (`schemas.packed.read_packed_output`).
 Outputs (Energon's own files, written by Energon's API): ``DIR/.nv-meta/{split.yaml,
 .info.json, index.sqlite, index.uuid}``, ``DIR/shards/*.tar.idx``, and
 ``DIR/.nv-meta/dataset.yaml`` declaring a ``CrudeWebdataset`` with our subflavors, in the
 form ``energon prepare --sample-type CrudeWebdataset`` writes.
 
-Invariants: only the shards the manifest lists are indexed (never stray temp files);
+Invariants: only the shards ``shards.json`` lists are indexed (never stray temp files);
 ``verify_dataset`` loads the result with ``get_train_dataset`` and requires every pack
 back exactly once, cooked without error.
 
@@ -21,12 +22,14 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from packvlm.atomic import write_bytes_atomic
 from schemas.layout import MANIFEST_FILE
-from schemas.manifest import read_manifest
-from schemas.packed import PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION
+from schemas.manifest import PackManifest
+from schemas.packed import PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION, PackedOutput, read_packed_output
 
 log = logging.getLogger(__name__)
 META_DIR = ".nv-meta"  # megatron.energon.flavors.webdataset.config.MAIN_FOLDER_NAME
@@ -72,22 +75,23 @@ def parse_split_patterns(items: tuple[str, ...]) -> list[tuple[str, str]]:
     return out
 
 
-def packed_shards(root: Path) -> tuple[dict, list[str]]:
-    """The pack manifest and its shard paths (relative to ``root``), each checked to exist."""
-    manifest_path = root / MANIFEST_FILE
-    if not manifest_path.is_file():
+def read_packed_dir(root: Path) -> PackedOutput:
+    """The packed directory's manifests, its shards checked to exist and to be at least one.
+
+    Raises:
+        EnergonIndexError: No pack manifest, or a plan with no shards.
+        ManifestError: A manifest of another stage or version, or shards missing / from
+            another plan (`schemas.packed.IncompleteShardsError`).
+    """
+    if not (root / MANIFEST_FILE).is_file():
         raise EnergonIndexError(f"{root} has no {MANIFEST_FILE}: run `prep pack --output {root}` first")
-    manifest = read_manifest(manifest_path, stage="pack")
-    shards = [s["name"] for s in manifest["shards"]]
-    if not shards:
+    packed = read_packed_output(root)
+    if not packed.shards.shards:
         raise EnergonIndexError(f"{root}: the pack run wrote no shards (every sample oversize?); nothing to index")
-    missing = [s for s in shards if not (root / s).is_file()]
-    if missing:
-        raise EnergonIndexError(f"{root}: shards {missing[:5]} are missing; rerun `prep pack` with the same options")
-    return manifest, shards
+    return packed
 
 
-def dataset_definition(manifest: dict) -> dict:
+def dataset_definition(manifest: PackManifest) -> dict[str, Any]:
     """``dataset.yaml`` content: what `energon prepare` writes for CrudeWebdataset, + subflavors."""
     return {
         "__module__": "megatron.energon",
@@ -95,7 +99,7 @@ def dataset_definition(manifest: dict) -> dict:
         "subflavors": {
             **PACK_SUBFLAVORS,
             "format_version": PACKED_SCHEMA_VERSION,
-            "pack_size": manifest["config"]["pack_size"],
+            "pack_size": manifest.pack_size,
         },
     }
 
@@ -111,7 +115,8 @@ def index_dataset(
     from megatron.energon.flavors import BaseWebdatasetFactory
 
     root = Path(root).resolve()
-    manifest, shards = packed_shards(root)
+    packed = read_packed_dir(root)
+    shards = [s.name for s in packed.shards.shards]
     if split_patterns is None:
         split_ratio = split_ratio or [("train", 1.0), ("val", 0.0), ("test", 0.0)]
     chatter = io.StringIO()
@@ -124,8 +129,8 @@ def index_dataset(
             workers=max(1, min(workers, len(shards))),
         )
     log.debug("energon prepare: %s", chatter.getvalue().strip())
-    with open(root / META_DIR / DATASET_YAML, "w", encoding="utf-8") as fh:
-        yaml.dump(dataset_definition(manifest), fh, sort_keys=False)
+    definition = yaml.dump(dataset_definition(packed.manifest), sort_keys=False)
+    write_bytes_atomic(root / META_DIR / DATASET_YAML, definition.encode("utf-8"))
     return read_index(root)
 
 
@@ -155,10 +160,10 @@ def verify_dataset(root: str | Path, num_workers: int = 0) -> dict[str, int]:
     """
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-    from prep.energon.cooker import PackedTaskEncoder
+    from packvlm.energon import PackedTaskEncoder
 
     root = Path(root).resolve()
-    manifest, _ = packed_shards(root)
+    expected = read_packed_dir(root).manifest.packs.packs
     index = read_index(root)
     loaded: Counter[str] = Counter()
     per_split = {}
@@ -179,7 +184,6 @@ def verify_dataset(root: str | Path, num_workers: int = 0) -> dict[str, int]:
         keys = [sample.__key__ for sample in get_loader(ds)]
         loaded.update(keys)
         per_split[split] = len(keys)
-    expected = manifest["packs"]["packs"]
     repeated = [k for k, c in loaded.items() if c > 1]
     if repeated or len(loaded) != expected:
         raise EnergonVerifyError(f"Energon loaded {len(loaded)} distinct packs of {expected}; repeated {repeated[:5]}")

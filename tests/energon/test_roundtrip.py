@@ -1,11 +1,14 @@
 """tokenize -> pack -> energon-index -> Energon's own loader, on CPU.
 
 Truths: Energon's `get_train_dataset`/`get_loader` (no code of ours but the cooker), the
-tokenized parts read with pyarrow, the original media files and LMDB values.
+members read from the tars directly, the tokenized parts read with pyarrow, the original
+media files and LMDB values.
 """
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +17,11 @@ import yaml
 from click.testing import CliRunner
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
+from packvlm.energon import PACK_COOKER, PackDecodeError, PackedSample, PackedTaskEncoder, cook_pack
 from prep.cli import main
 from prep.energon.blend import parse_blend, write_blend
-from prep.energon.cooker import PACK_COOKER, PackDecodeError, PackedSample, PackedTaskEncoder, cook_pack
 from prep.energon.index import EnergonIndexError, index_dataset, verify_dataset
+from schemas.packed import PackedOutput, read_packed_output
 from tests.shards.oracles import check_pack_against_tokenized, pack, read_packed, tokenized_dir, tokenized_rows
 
 
@@ -27,11 +31,17 @@ def tok(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dataset(tok: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def dataset(tok: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PackedOutput]:
     out = tmp_path_factory.mktemp("energon") / "packed"
-    manifest = pack([tok], out, shard_size="3packs")
+    pack([tok], out, shard_size="3packs")
     index_dataset(out)
-    return out, manifest
+    return out, read_packed_output(out)
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
 
 
 def _load(path: Path, num_workers: int, split: str = "train") -> list[PackedSample]:
@@ -50,38 +60,43 @@ def _load(path: Path, num_workers: int, split: str = "train") -> list[PackedSamp
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_energon_returns_every_pack_once_with_its_tokens_and_media(dataset, tok, num_workers):
-    out, manifest = dataset
+    out, packed = dataset
     samples = _load(out, num_workers)
     keys = [s.__key__ for s in samples]
-    assert sorted(keys) == [f"pack-{i:08d}" for i in range(manifest["packs"]["packs"])]
+    assert sorted(keys) == [f"pack-{i:08d}" for i in range(packed.manifest.packs.packs)]
     rows = tokenized_rows(tok)
     on_disk = read_packed(out)
     for s in samples:
         assert isinstance(s, PackedSample)
-        import json
-
+        p = s.pack
         meta = json.loads(on_disk[s.__key__]["json"])
-        media = {m.member: m.data for m in s.media}
-        check_pack_against_tokenized(meta, s.input_ids, s.loss_mask, media, [rows])
-        assert s.sample_ids == [x["sample_id"] for x in meta["samples"]]
-        assert s.cu_seqlens.dtype == np.int32 and s.cu_seqlens[-1] == s.input_ids.size <= s.pack_size
-        assert [m.grid_thw for m in s.media] == [tuple(m["grid_thw"]) for m in meta["media"]]
+        assert p.key == s.__key__ == meta["key"]
+        media = {m.meta.member: m.data for m in p.media}
+        check_pack_against_tokenized(meta, p.input_ids, p.loss_mask, media, [rows])
+        assert list(p.sample_ids) == [x["sample_id"] for x in meta["samples"]]
+        assert p.input_ids.dtype == p.cu_seqlens.dtype == np.int32 and p.loss_mask.dtype == np.uint8
+        assert p.cu_seqlens.tolist() == meta["cu_seqlens"] and p.cu_seqlens_padded.tolist() == meta["cu_seqlens_padded"]
+        assert p.cu_seqlens[-1] == p.input_ids.size <= p.pack_size == meta["pack_size"]
+        assert [m.meta.grid_thw for m in p.media] == [tuple(m["grid_thw"]) for m in meta["media"]]
+        assert [m.meta.ref for m in p.media] == [m["ref"] for m in meta["media"]]
         assert s.__subflavors__["format"] == "packvlm.packed"
 
 
 def test_index_writes_energons_files(dataset):
-    out, manifest = dataset
+    out, packed = dataset
     meta = out / ".nv-meta"
     for name in ("split.yaml", ".info.json", "index.sqlite", "dataset.yaml"):
         assert (meta / name).is_file(), name
-    assert all(Path(f"{out / s['name']}.idx").is_file() for s in manifest["shards"])
+    assert all(Path(f"{path}.idx").is_file() for path in packed.shard_paths)
     definition = yaml.safe_load((meta / "dataset.yaml").read_text())
     assert definition["__class__"] == "CrudeWebdataset" and definition["__module__"] == "megatron.energon"
-    assert verify_dataset(out) == {"train": manifest["packs"]["packs"]}
+    assert definition["subflavors"] == {"format": "packvlm.packed", "format_version": 1, "pack_size": 1024}
+    assert verify_dataset(out) == {"train": packed.manifest.packs.packs}
+    assert not list(meta.glob(".tmp-*"))
 
 
 def test_split_ratio_and_patterns_via_cli(dataset, tmp_path):
-    out, manifest = dataset
+    out, packed = dataset
     runner = CliRunner()
     result = runner.invoke(main, ["energon-index", str(out), "--split-ratio", "0.5,0.5,0", "--verify"])
     assert result.exit_code == 0, result.output
@@ -89,7 +104,7 @@ def test_split_ratio_and_patterns_via_cli(dataset, tmp_path):
     split = yaml.safe_load((out / ".nv-meta" / "split.yaml").read_text())["split_parts"]
     assert split["train"] and split["val"]
     train, val = len(_load(out, 0, "train")), len(_load(out, 0, "val"))
-    assert train + val == manifest["packs"]["packs"] and train and val
+    assert train + val == packed.manifest.packs.packs and train and val
     result = runner.invoke(
         main,
         [
@@ -103,7 +118,7 @@ def test_split_ratio_and_patterns_via_cli(dataset, tmp_path):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert len(_load(out, 0, "val")) == manifest["shards"][0]["packs"]
+    assert len(_load(out, 0, "val")) == packed.shards.shards[0].packs
     runner.invoke(main, ["energon-index", str(out)])  # back to all-train for other tests
     bad = runner.invoke(main, ["energon-index", str(tmp_path)])
     assert bad.exit_code == 2 and "manifest.json" in bad.output
@@ -132,7 +147,7 @@ def test_blend_yaml_loads_with_energon(dataset, tok, tmp_path):
     )
     sizes = []
     for i, sample in enumerate(get_loader(ds)):
-        sizes.append(sample.pack_size)
+        sizes.append(sample.pack.pack_size)
         if i == 199:
             break
     assert set(sizes) == {1024, 2048}
@@ -176,11 +191,15 @@ def test_cooker_is_stateless_and_refuses_decoded_media(dataset):
 
     out, _ = dataset
     assert get_stateless(cook_pack) and PACK_COOKER.is_match({"format": "packvlm.packed", "pack_size": 1})
-    members = next(iter(read_packed(out).values()))
-    crude = {"__key__": "pack-x", "__restore_key__": (), **members}
-    assert cook_pack(crude).input_ids.size > 0
+    key, members = next(iter(read_packed(out).items()))
+    crude = {"__key__": key, "__restore_key__": (), **members}
+    assert cook_pack(crude).pack.input_ids.size > 0
     media = next(k for k in members if k.startswith(("img", "vid")))
     with pytest.raises(PackDecodeError, match="decoder = None"):
         cook_pack({**crude, media: np.zeros((2, 2, 3))})
     with pytest.raises(PackDecodeError, match="missing"):
         cook_pack({k: v for k, v in crude.items() if k != "input_ids.npy"})
+    with pytest.raises(PackDecodeError, match="belongs to pack"):
+        cook_pack({**crude, "__key__": "pack-99999999"})
+    with pytest.raises(PackDecodeError, match="json says"):
+        cook_pack({**crude, "loss_mask.npy": _npy(np.zeros(1, np.uint8))})

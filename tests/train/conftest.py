@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from prep.run import LOCAL
+from schemas.packed import PackedOutput, read_packed_output
 
 VIDEO_TAG = "<video>"
 
@@ -30,7 +31,7 @@ class PackedExample:
     path: Path  # `prep pack` output, indexed by `prep energon-index` (all packs in "train")
     tokenized: Path  # the `prep tokenize` output it was packed from
     processor: Path  # processor directory (its config.json names model_type + token ids)
-    manifest: dict  # the pack manifest
+    packed: PackedOutput  # its manifests, read back through `schemas.packed`
 
 
 def _split_chat_rows(chat_file: Path, out_dir: Path) -> dict[str, Path]:
@@ -106,12 +107,10 @@ def packed_example(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
             )
             tokenized[media] = out
         out = root / f"packed_{media}_{pack_size}_pad{pad_to_multiple_of}"
-        manifest = pack(
-            [tokenized[media]], out, pack_size=pack_size, shard_size="3packs", pad_to_multiple_of=pad_to_multiple_of
-        )
+        pack([tokenized[media]], out, pack_size=pack_size, shard_size="3packs", pad_to_multiple_of=pad_to_multiple_of)
         index_dataset(out)
         built[key] = PackedExample(
-            path=out, tokenized=tokenized[media], processor=example_dir / "processor", manifest=manifest
+            path=out, tokenized=tokenized[media], processor=example_dir / "processor", packed=read_packed_output(out)
         )
         return built[key]
 

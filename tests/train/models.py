@@ -21,10 +21,10 @@ from PIL import Image
 from transformers import PreTrainedModel
 from transformers.image_utils import load_image
 
-from prep.energon.cooker import PackedMediaItem, PackedSample
 from prep.example.media import make_image_bytes
 from prep.example.model import write_tiny_model
 from prep.example.processors import build_processor_dir
+from schemas.packed import LoadedPack, PackedMedia, PackedMediaItem, PackedSampleMeta, PackMeta
 from train.batch import IGNORE_INDEX
 from train.loss import per_token_losses, token_loss_sum
 from train.models import load_model
@@ -110,29 +110,78 @@ def process(processor: object, conversation: Conversation) -> Sample:
     return Sample(conversation, {k: full[k] for k in keys if k in full}, loss_mask)
 
 
-def pack_samples(samples: list[Sample], *, pad_to_multiple_of: int = 1, key: str = "pack-00000000") -> PackedSample:
-    """The `PackedSample` the cooker would give for these samples (what `prep pack` stores)."""
-    lengths = [s.input_ids.shape[1] for s in samples]
+def media_item(
+    kind: str, data: bytes, *, sample: int, grid_thw: tuple[int, int, int], member: str, frame_indices=()
+) -> PackedMediaItem:
+    """A media item as the cooker gives it (every Qwen-VL family merges 2x2 patches per token)."""
+    t, h, w = grid_thw
+    meta = PackedMedia(
+        kind=kind,
+        ref=f"/media/{member}",
+        member=member,
+        sample=sample,
+        grid_thw=grid_thw,
+        num_tokens=t * h * w // 4,
+        frame_indices=tuple(frame_indices),
+    )
+    return PackedMediaItem(meta=meta, data=data)
+
+
+def loaded_pack(
+    *,
+    key: str,
+    input_ids: np.ndarray,
+    loss_mask: np.ndarray,
+    lengths: list[int],
+    sample_ids: list[str],
+    media: list[PackedMediaItem],
+    pad_to_multiple_of: int = 1,
+) -> LoadedPack:
+    """The `LoadedPack` the cooker gives for samples of these lengths, concatenated in order."""
     slots = [-(-n // pad_to_multiple_of) * pad_to_multiple_of for n in lengths]
+    samples = tuple(
+        PackedSampleMeta(
+            input=0,
+            sample_id=sample_id,
+            dataset="test",
+            num_tokens=n,
+            media=tuple(k for k, m in enumerate(media) if m.meta.sample == i),
+        )
+        for i, (sample_id, n) in enumerate(zip(sample_ids, lengths))
+    )
+    meta = PackMeta(
+        key=key,
+        pack_size=int(sum(slots)),
+        num_tokens=int(sum(lengths)),
+        cu_seqlens=tuple(int(x) for x in np.cumsum([0, *lengths])),
+        cu_seqlens_padded=tuple(int(x) for x in np.cumsum([0, *slots])),
+        samples=samples,
+        media=tuple(m.meta for m in media),
+    )
+    return LoadedPack(
+        meta=meta,
+        input_ids=np.asarray(input_ids, dtype=np.int32),
+        loss_mask=np.asarray(loss_mask, dtype=np.uint8),
+        media=tuple(media),
+    )
+
+
+def pack_samples(samples: list[Sample], *, pad_to_multiple_of: int = 1, key: str = "pack-00000000") -> LoadedPack:
+    """The `LoadedPack` the cooker would give for these samples (what `prep pack` stores)."""
     media = []
     for index, sample in enumerate(samples):
         grids = sample.inputs.get("image_grid_thw")
         for k, data in enumerate(sample.conversation.image_bytes()):
-            grid = tuple(int(x) for x in grids[k])
-            member = f"s{index}.img{k}.jpg"
-            media.append(
-                PackedMediaItem(kind="image", data=data, sample=index, grid_thw=grid, frame_indices=(), member=member)
-            )
-    return PackedSample(
-        __key__=key,
-        __restore_key__=(),
-        input_ids=np.concatenate([s.input_ids[0].numpy() for s in samples]).astype(np.int32),
-        loss_mask=np.concatenate([s.loss_mask.numpy() for s in samples]).astype(np.uint8),
-        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
-        cu_seqlens_padded=np.concatenate([[0], np.cumsum(slots)]).astype(np.int32),
+            grid = (int(grids[k][0]), int(grids[k][1]), int(grids[k][2]))
+            media.append(media_item("image", data, sample=index, grid_thw=grid, member=f"img{len(media):04d}.jpg"))
+    return loaded_pack(
+        key=key,
+        input_ids=np.concatenate([s.input_ids[0].numpy() for s in samples]),
+        loss_mask=np.concatenate([s.loss_mask.numpy() for s in samples]),
+        lengths=[s.input_ids.shape[1] for s in samples],
         sample_ids=[f"sample-{i}" for i in range(len(samples))],
         media=media,
-        pack_size=int(sum(slots)),
+        pad_to_multiple_of=pad_to_multiple_of,
     )
 
 

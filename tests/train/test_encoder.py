@@ -26,8 +26,9 @@ from transformers import AutoConfig, AutoImageProcessor
 from transformers.image_utils import load_image
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-from prep.energon.cooker import PackedTaskEncoder
+from packvlm.energon import PackedTaskEncoder
 from prep.sources.media import MediaRef, video_meta
+from schemas.packed import LoadedPack
 from tests.shards.oracles import original_bytes, tokenized_rows
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.encoder import PackedBatchTaskEncoder, PackEncoder
@@ -50,6 +51,11 @@ def _energon(
         task_encoder=task_encoder,
     )
     return list(get_loader(ds))
+
+
+def _packs(path: Path) -> list[LoadedPack]:
+    """The packs Energon's loader yields, cooked by the shipped hooks."""
+    return [sample.pack for sample in _energon(path, PackedTaskEncoder())]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +125,7 @@ def test_every_batch_equals_its_tokenized_rows_and_original_media(images, num_wo
         images.path, PackedBatchTaskEncoder(str(images.processor), str(images.processor)), num_workers, 1
     )
     assert sorted(k for b in batches for k in b.pack_keys) == [
-        f"pack-{i:08d}" for i in range(images.manifest["packs"]["packs"])
+        f"pack-{i:08d}" for i in range(images.packed.manifest.packs.packs)
     ]
     assert sum(b.num_media for b in batches) > 10
     for batch in batches:
@@ -131,7 +137,7 @@ def test_every_batch_equals_its_tokenized_rows_and_original_media(images, num_wo
 def test_padded_slots_hold_pad_tokens_without_loss(padded, encoder):
     rows = tokenized_rows(padded.tokenized)
     pad_id = encoder.pad_token_id
-    packs = _energon(padded.path, PackedTaskEncoder())
+    packs = _packs(padded.path)
     oracle = _image_oracle(padded.processor)
     slack = 0
     for pack in packs:
@@ -152,15 +158,15 @@ def test_padded_slots_hold_pad_tokens_without_loss(padded, encoder):
 
 
 def test_grid_mismatch_names_pack_sample_member_and_grids(images, encoder):
-    pack = next(p for p in _energon(images.path, PackedTaskEncoder()) if p.media)
+    pack = next(p for p in _packs(images.path) if p.media)
     item = pack.media[0]
-    t, h, w = item.grid_thw
-    bad = dataclasses.replace(item, grid_thw=(t, h + 2, w))
-    altered = dataclasses.replace(pack, media=[bad, *pack.media[1:]])
+    t, h, w = item.meta.grid_thw
+    bad = dataclasses.replace(item, meta=dataclasses.replace(item.meta, grid_thw=(t, h + 2, w)))
+    altered = dataclasses.replace(pack, media=(bad, *pack.media[1:]))
     with pytest.raises(GridMismatchError) as err:
         encoder.encode(altered)
     message = str(err.value)
-    for part in (pack.__key__, pack.sample_ids[item.sample], item.member, str((t, h + 2, w)), str((t, h, w))):
+    for part in (pack.key, pack.sample_ids[item.meta.sample], item.meta.member, str((t, h + 2, w)), str((t, h, w))):
         assert part in message
     encoder.encode(pack)  # the unaltered pack encodes
 
@@ -190,13 +196,13 @@ def test_video_without_torchvision_names_the_sample(packed_example, encoder):
     except ImportError:
         pass
     videos = packed_example(media="videos")
-    pack = _energon(videos.path, PackedTaskEncoder())[0]
-    video = next(m for m in pack.media if m.kind == "video")
+    pack = _packs(videos.path)[0]
+    video = next(m for m in pack.media if m.meta.kind == "video")
     with pytest.raises(VideoProcessorUnavailable) as err:
         encoder.encode(pack)
-    assert pack.__key__ in str(err.value) and pack.sample_ids[video.sample] in str(err.value)
+    assert pack.key in str(err.value) and pack.sample_ids[video.meta.sample] in str(err.value)
     assert "torchvision" in str(err.value)
-    with pytest.raises(VideoProcessorUnavailable, match=pack.__key__):  # surfaces from the loader, not skipped
+    with pytest.raises(VideoProcessorUnavailable, match=pack.key):  # surfaces from the loader, not skipped
         _energon(videos.path, PackedBatchTaskEncoder(str(videos.processor), str(videos.processor)), 0, 1, reraise=True)
 
 
@@ -250,9 +256,9 @@ def test_video_path_plumbing_with_a_stand_in_processor(packed_example, encoder):
     media = dataclasses.replace(encoder.media, video_processor=stand_in, wants_second_per_grid_ts=True)
     video_encoder = dataclasses.replace(encoder, media=media)
     rows = tokenized_rows(videos.tokenized)
-    for pack in _energon(videos.path, PackedTaskEncoder()):
+    for pack in _packs(videos.path):
         batch = video_encoder.encode(pack)
-        items = [m for m in pack.media if m.kind == "video"]
+        items = [m.meta for m in pack.media if m.meta.kind == "video"]
         assert batch.video_grid_thw.tolist() == [list(m.grid_thw) for m in items]
         assert batch.pixel_values_videos.shape[0] == int(batch.video_grid_thw.prod(-1).sum())
         want = []
@@ -267,11 +273,12 @@ def test_video_path_plumbing_with_a_stand_in_processor(packed_example, encoder):
         assert batch.position_ids.shape == (4, 1, batch.num_tokens)
         assert (batch.mm_token_type_ids == 2).sum() == sum(t * h * w // 4 for t, h, w in batch.video_grid_thw.tolist())
     assert stand_in.calls and all(flag is False for _, flag in stand_in.calls)
-    pack = _energon(videos.path, PackedTaskEncoder())[0]
-    item = next(m for m in pack.media if m.kind == "video")
-    bad = dataclasses.replace(item, grid_thw=(item.grid_thw[0] + 1, *item.grid_thw[1:]))
-    with pytest.raises(GridMismatchError, match=item.member):
-        video_encoder.encode(dataclasses.replace(pack, media=[bad if m is item else m for m in pack.media]))
+    pack = _packs(videos.path)[0]
+    item = next(m for m in pack.media if m.meta.kind == "video")
+    grid = item.meta.grid_thw
+    bad = dataclasses.replace(item, meta=dataclasses.replace(item.meta, grid_thw=(grid[0] + 1, *grid[1:])))
+    with pytest.raises(GridMismatchError, match=item.meta.member):
+        video_encoder.encode(dataclasses.replace(pack, media=tuple(bad if m is item else m for m in pack.media)))
 
 
 def test_image_decoding_follows_load_image(example_dir):
@@ -383,13 +390,13 @@ def test_example_packs_rope_equals_a_real_tiny_model_per_sample(images, encoder)
     )  # fmt: skip
     model = MODEL_MAPPING[type(config)](config)
     checked = 0
-    for pack in _energon(images.path, PackedTaskEncoder())[:4]:
+    for pack in _packs(images.path)[:4]:
         batch = encoder.encode(pack)
         grids = iter(batch.image_grid_thw)
         for i in range(batch.num_samples):
             start, n = int(batch.cu_seqlens_padded[i]), int(batch.cu_seqlens[i + 1] - batch.cu_seqlens[i])
             ids = batch.input_ids[:, start : start + n]
-            count = sum(1 for m in pack.media if m.sample == i)
+            count = sum(1 for m in pack.media if m.meta.sample == i)
             mine = [next(grids) for _ in range(count)]
             alone, _ = model.get_rope_index(
                 ids, mm_token_type_ids=(ids == config.image_token_id).long(),

@@ -6,7 +6,6 @@ plain transformers loading the saved checkpoint, and the loss itself (for learni
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from prep.energon.index import index_dataset
 from prep.example.model import write_tiny_model
 from prep.run import LOCAL
 from prep.tokenize.stage import TokenizeConfig, run_tokenize
+from schemas.packed import read_packed_output
 from schemas.train import CHECKPOINTS_DIR, METRICS_FILE, checkpoint_name
 from tests.shards.oracles import pack
 from train.cli import main
@@ -143,8 +143,7 @@ def _torchrun(inputs: dict[str, Path], out: Path, *extra: str) -> None:
 
 
 def test_torchrun_two_ranks_read_disjoint_packs_and_resume_exactly(run_inputs, tmp_path):
-    manifest = json.loads((run_inputs["data"] / "manifest.json").read_text())
-    num_packs = manifest["packs"]["packs"]
+    num_packs = read_packed_output(run_inputs["data"]).manifest.packs.packs
     steps = max(1, num_packs // 2 // 2)  # within one pass over the data on each rank
     _torchrun(run_inputs, tmp_path / "whole", "--max-steps", str(2 * steps))
     metrics = read_metrics(tmp_path / "whole" / METRICS_FILE)

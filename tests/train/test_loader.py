@@ -32,7 +32,7 @@ def _config(images, **kw) -> LoaderConfig:
 
 
 def _all_keys(images) -> list[str]:
-    return [f"pack-{i:08d}" for i in range(images.manifest["packs"]["packs"])]
+    return [f"pack-{i:08d}" for i in range(images.packed.manifest.packs.packs)]
 
 
 def _take(loader, n: int) -> list[PackedBatch]:
@@ -105,9 +105,9 @@ def copy(images, tmp_path) -> Path:
 
 def test_valid_dataset_info(images):
     info = open_packed_dataset(images.path, str(images.processor))
-    assert info.num_packs == images.manifest["packs"]["packs"] and info.pack_size == 1024
+    assert info.num_packs == images.packed.manifest.packs.packs and info.pack_size == 1024
     assert info.processor_class == "Qwen2VLProcessor" and info.pad_to_multiple_of == 1
-    assert info.num_shards == len(images.manifest["shards"])
+    assert info.num_shards == len(images.packed.shards.shards)
 
 
 def test_missing_path_and_manifest(tmp_path):
@@ -131,7 +131,7 @@ def test_missing_index_file(copy):
 
 def test_missing_shard(copy):
     (copy / "shards" / "shard-000001.tar").unlink()
-    with pytest.raises(TrainConfigError, match=r"shard-000001.tar.*rerun `prep pack`"):
+    with pytest.raises(TrainConfigError, match=r"shard-000001.tar.*run `prep shards"):
         open_packed_dataset(copy)
 
 
@@ -187,7 +187,7 @@ def test_processor_class_comes_from_the_pack_manifest_alone(images, processor_di
 
 
 def test_more_workers_than_packs(images):
-    num_packs = images.manifest["packs"]["packs"]
+    num_packs = images.packed.manifest.packs.packs
     with pytest.raises(TrainConfigError, match=f"holds {num_packs} packs but {2 * num_packs} data-parallel workers"):
         make_loader(_config(images, world_size=num_packs, num_workers=2))
     with pytest.raises(TrainConfigError, match="rank 2"):

@@ -34,12 +34,13 @@ from megatron.energon import WorkerConfig, get_loader, get_train_dataset  # noqa
 from transformers import AutoProcessor  # noqa: E402
 from transformers.video_utils import load_video  # noqa: E402
 
-from prep.energon.cooker import PackedMediaItem, PackedSample, PackedTaskEncoder  # noqa: E402
+from packvlm.energon import PackedTaskEncoder  # noqa: E402
 from prep.example.dataset import VIDEO_SAMPLING  # noqa: E402
 from prep.example.media import write_video  # noqa: E402
+from schemas.packed import LoadedPack  # noqa: E402
 from tests.shards.oracles import pack, tokenized_rows  # noqa: E402
 from tests.train.conftest import _dataset_config  # noqa: E402
-from tests.train.models import make_family, reference, scatter_truth, tiny_model  # noqa: E402
+from tests.train.models import loaded_pack, make_family, media_item, reference, scatter_truth, tiny_model  # noqa: E402
 from train.batch import IGNORE_INDEX  # noqa: E402
 from train.encoder import PackEncoder  # noqa: E402
 from train.forward import packed_forward  # noqa: E402
@@ -69,7 +70,7 @@ def sampling_kwargs() -> dict:
     return {"do_sample_frames": True, **VIDEO_SAMPLING}
 
 
-def _packs(path: Path) -> list[PackedSample]:
+def _packs(path: Path) -> list[LoadedPack]:
     ds = get_train_dataset(
         path,
         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
@@ -79,7 +80,7 @@ def _packs(path: Path) -> list[PackedSample]:
         repeat=False,
         task_encoder=PackedTaskEncoder(),
     )
-    return list(get_loader(ds))
+    return [sample.pack for sample in get_loader(ds)]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -122,14 +123,14 @@ def test_pack_encoder_videos_equal_the_real_processor(packed_videos):
     kwargs = sampling_kwargs()
     checked, frame_counts = 0, set()
     for packed in packs:
-        items = [m for m in packed.media if m.kind == "video"]
+        items = [m.meta for m in packed.media if m.meta.kind == "video"]
         if not items:
             continue
         batch = encoder.encode(packed)
         pixels, grids, seconds = [], [], []
         for item in items:
             row = rows[packed.sample_ids[item.sample]]
-            own = [m for m in packed.media if m.kind == "video" and m.sample == item.sample]
+            own = [m.meta for m in packed.media if m.meta.kind == "video" and m.meta.sample == item.sample]
             ref = [m for m in row["media"] if m["kind"] == "video"][own.index(item)]["ref"]
             truth = processor(text=[PLACEHOLDER], videos=[ref], return_tensors="pt", return_metadata=True, **kwargs)
             assert list(truth["video_metadata"][0].frames_indices) == list(item.frame_indices)
@@ -169,9 +170,7 @@ def test_odd_frame_counts_and_unsampled_videos(family, tmp_path):
         indices = list(range(11)) if meta.frames_indices is None else [int(i) for i in meta.frames_indices]
         assert len(indices) % 2 == 1 or (family != "qwen3_vl" and kwargs["do_sample_frames"])  # a padded patch
         grid = tuple(truth["video_grid_thw"][0].tolist())
-        item = PackedMediaItem(
-            kind="video", data=path.read_bytes(), sample=0, grid_thw=grid, frame_indices=tuple(indices), member="v"
-        )
+        item = media_item("video", path.read_bytes(), sample=0, grid_thw=grid, member="v", frame_indices=indices)
         got = encoder.media.process("p", [item], ["s"])
         assert got.video_grid_thw.tolist() == [list(grid)]
         assert torch.equal(got.pixel_values_videos, truth["pixel_values_videos"])
@@ -233,27 +232,23 @@ def test_packed_video_losses_equal_samples_alone(family, tmp_path):
     truth = reference(model, [_Alone(s) for s in samples])
     lengths = [s["inputs"]["input_ids"].shape[1] for s in samples]
     media = [
-        PackedMediaItem(
-            kind="video",
-            data=Path(s["path"]).read_bytes(),
+        media_item(
+            "video",
+            Path(s["path"]).read_bytes(),
             sample=i,
             grid_thw=tuple(int(x) for x in s["inputs"]["video_grid_thw"][0]),
-            frame_indices=tuple(s["frames"]),
-            member=f"s{i}.vid0.mp4",
+            member=f"vid{i:04d}.mp4",
+            frame_indices=s["frames"],
         )
         for i, s in enumerate(samples)
     ]
-    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    packed = PackedSample(
-        __key__="pack-video",
-        __restore_key__=(),
-        input_ids=np.concatenate([s["inputs"]["input_ids"][0].numpy() for s in samples]).astype(np.int32),
-        loss_mask=np.concatenate([s["mask"].numpy() for s in samples]).astype(np.uint8),
-        cu_seqlens=cu,
-        cu_seqlens_padded=cu.copy(),
+    packed = loaded_pack(
+        key="pack-video",
+        input_ids=np.concatenate([s["inputs"]["input_ids"][0].numpy() for s in samples]),
+        loss_mask=np.concatenate([s["mask"].numpy() for s in samples]),
+        lengths=lengths,
         sample_ids=["a", "b"],
         media=media,
-        pack_size=int(cu[-1]),
     )
     encoder = PackEncoder.from_pretrained(str(tiny.processor_dir), str(tiny.model_dir))
     batch = encoder.encode(packed)

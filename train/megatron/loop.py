@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from packvlm.atomic import atomic_path
 from prep.outputs import claim_output_dir
 from prep.tokenize.processor import load_processor
 from schemas.train import METRICS_FILE
@@ -153,7 +154,8 @@ def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             writer.write(metrics)
             log.info(metrics.log_line(config.max_steps))
     if ctx.is_main:
-        torch.save(model.state_dict(), config.output / MODEL_FILE)
+        with atomic_path(config.output / MODEL_FILE) as tmp:
+            torch.save(model.state_dict(), tmp)
     return history
 
 
