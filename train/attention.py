@@ -39,7 +39,7 @@ import importlib.util
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -49,6 +49,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 log = logging.getLogger(__name__)
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 PACKED_ATTENTION = "packvlm_varlen"
 FLASH_ATTENTION = "flash_attention_2"
@@ -136,7 +137,7 @@ def _kernel_dtype(query: torch.Tensor) -> torch.dtype | None:
 
 
 @functools.cache
-def _varlen_kernel() -> tuple[Callable[..., torch.Tensor], frozenset[str]] | None:
+def _varlen_kernel() -> tuple[Callable[..., Any], frozenset[str]] | None:
     """torch's varlen kernel and its keyword names (they changed across 2.x), or None if absent."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -261,7 +262,7 @@ def _drop_text_varlen_kwargs(
 
 def vision_towers(model: nn.Module) -> list[nn.Module]:
     """Sub-models that encode images/videos: built from a ``vision_config`` or declared image-only."""
-    towers = []
+    towers: list[nn.Module] = []
     for module in model.modules():
         config_key = getattr(getattr(module, "config", None), "base_config_key", None)
         modalities = getattr(type(module), "input_modalities", None) or ("text",)
@@ -271,7 +272,7 @@ def vision_towers(model: nn.Module) -> list[nn.Module]:
     return towers
 
 
-def prepare_model_for_packing(model: nn.Module) -> nn.Module:
+def prepare_model_for_packing(model: ModuleT) -> ModuleT:
     """Make ``model`` safe for packed rows (idempotent): vision towers never see text boundaries.
 
     Also refuses models whose layers ignore ``cu_seqlens`` on this path (hybrid linear

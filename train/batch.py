@@ -35,7 +35,8 @@ them for one sample, stacked.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -107,10 +108,10 @@ class PackedBatch:
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """A copy with every tensor on ``device`` (non-blocking where pinned)."""
-        moved = {}
-        for name in self.__slots__:  # type: ignore[attr-defined]
-            value = getattr(self, name)
-            moved[name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        moved: dict[str, Any] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            moved[field.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
         return PackedBatch(**moved)
 
 

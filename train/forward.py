@@ -19,7 +19,6 @@ and the text row of the positions.
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
 
 import torch
 from torch import nn
@@ -37,9 +36,13 @@ MEDIA_FIELDS = (
 )
 
 
-@lru_cache(maxsize=32)
-def _forward_parameters(model_type: type) -> frozenset[str]:
-    return frozenset(inspect.signature(model_type.forward).parameters)
+_FORWARD_PARAMETERS: dict[type[nn.Module], frozenset[str]] = {}  # one entry per model class
+
+
+def _forward_parameters(model_type: type[nn.Module]) -> frozenset[str]:
+    if model_type not in _FORWARD_PARAMETERS:
+        _FORWARD_PARAMETERS[model_type] = frozenset(inspect.signature(model_type.forward).parameters)
+    return _FORWARD_PARAMETERS[model_type]
 
 
 def _check_layout(batch: PackedBatch) -> None:

@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
@@ -44,7 +45,7 @@ def has_weights(model_dir: str | Path) -> bool:
     return any((Path(model_dir) / name).is_file() for name in WEIGHT_FILES)
 
 
-def _auto_class(config: object) -> type:
+def _auto_class(config: object) -> type[AutoModelForCausalLM] | type[AutoModelForImageTextToText]:
     if type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:
         return AutoModelForImageTextToText
     return AutoModelForCausalLM
@@ -81,4 +82,5 @@ def load_model(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = auto_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-    return prepare_model_for_packing(model.to(device))
+    nn.Module.to(model, device)  # in place; transformers' wrapped `to` has no usable signature for type checkers
+    return prepare_model_for_packing(model)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PretrainedConfig
@@ -33,7 +34,7 @@ def _family_rope_index(config: PretrainedConfig) -> Callable[..., tuple[torch.Te
         return None
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-    model_class = MODEL_MAPPING.get(type(config), None)
+    model_class: Any = MODEL_MAPPING.get(type(config), None)  # a model class; transformers types it loosely
     if model_class is None or not hasattr(model_class, "get_rope_index"):
         return None
     with torch.device("meta"):
