@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,16 @@ def test_split_ratio_and_patterns_via_cli(dataset, tmp_path):
     runner.invoke(main, ["energon-index", str(out)])  # back to all-train for other tests
     bad = runner.invoke(main, ["energon-index", str(tmp_path)])
     assert bad.exit_code == 2 and "manifest.json" in bad.output
+
+
+def test_index_refuses_an_unfinished_packed_directory(dataset, tmp_path):
+    out, _ = dataset
+    copy = tmp_path / "packed"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".nv-meta", "*.idx"))
+    (copy / "shards.json").unlink()
+    result = CliRunner().invoke(main, ["energon-index", str(copy)])
+    assert result.exit_code == 2 and "no shards.json" in result.output and "prep shards" in result.output
+    assert not (copy / ".nv-meta").exists()
 
 
 def test_blend_yaml_loads_with_energon(dataset, tok, tmp_path):

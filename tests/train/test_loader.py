@@ -135,6 +135,25 @@ def test_missing_shard(copy):
         open_packed_dataset(copy)
 
 
+def test_pack_manifest_of_another_version(copy):
+    path = copy / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": 1}))
+    with pytest.raises(TrainConfigError, match=r"pack manifest version 1, this packvlm reads version 2.*prep pack"):
+        open_packed_dataset(copy)
+
+
+def test_tokenized_directory_given_as_data(images):
+    with pytest.raises(TrainConfigError, match=r"written by `prep tokenize`.*point --data at a `prep pack` output"):
+        open_packed_dataset(images.tokenized)
+
+
+def test_shards_written_from_another_plan(copy):
+    path = copy / "shards.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "plan_sha256": "0" * 64}))
+    with pytest.raises(TrainConfigError, match=r"another plan.*run `prep shards"):
+        open_packed_dataset(copy)
+
+
 def test_wrong_format_version(copy):
     path = copy / ".nv-meta" / "dataset.yaml"
     definition = yaml.safe_load(path.read_text())
