@@ -62,7 +62,8 @@ def _array(value: Any, part: str, key: str) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return np.load(io.BytesIO(bytes(value)), allow_pickle=False)
+        array: np.ndarray = np.load(io.BytesIO(bytes(value)), allow_pickle=False)
+        return array
     raise PackDecodeError(f"{key}: {part} has type {type(value).__name__}, expected npy bytes")
 
 
