@@ -52,7 +52,7 @@ def _processor_settings(processor_dir: Path) -> dict[str, Any]:
     ids: dict[str, int] = {}
     for name, token in tokens.items():
         token_id = tokenizer.convert_tokens_to_ids(token)
-        if not isinstance(token_id, int) or token_id or token_id == tokenizer.unk_token_id:
+        if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
             raise ValueError(f"{processor_dir}: tokenizer has no {token!r}; is it a Qwen-VL processor?")
         ids[name] = int(token_id)
     image = json.loads((Path(processor_dir) / "preprocessor_config.json").read_text("utf-8"))
