@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 import click
 
 from prep.cli_errors import ErrorMappingGroup
+from prep.cli_options import default_of
 from train.checkpoint import CheckpointError
 from train.dataset import TrainConfigError
 from train.distributed import DeviceUnavailableError
@@ -31,7 +31,7 @@ class TrainGroup(ErrorMappingGroup):
 
 def _default(name: str) -> Any:
     """The default of an HFTrainConfig field: defaults live only in the config class."""
-    return next(f.default for f in dataclasses.fields(HFTrainConfig) if f.name == name)
+    return default_of(HFTrainConfig, name)
 
 
 @click.group(cls=TrainGroup)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from prep.cli_options import default_of
+from train.megatron.loop import MegatronTrainConfig
 from train.megatron.params import ContextParallelPaddingError, MegatronNotInstalledError
 
 
@@ -30,24 +32,58 @@ from train.megatron.params import ContextParallelPaddingError, MegatronNotInstal
     default=None,
     help="HF model directory (config.json) the loader reads for Qwen-VL rope indices (default: --processor).",
 )
-@click.option("--num-layers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--hidden-size", type=click.IntRange(min=8), default=256, show_default=True)
-@click.option("--num-attention-heads", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--max-steps", required=True, type=click.IntRange(min=1), help="Optimizer steps.")
-@click.option("--lr", type=float, default=1e-4, show_default=True, help="AdamW learning rate.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Model init and loader shuffle seed.")
 @click.option(
-    "--packs-per-microbatch", type=click.IntRange(min=1), default=1, show_default=True, help="Packs per THD row."
+    "--num-layers", type=click.IntRange(min=1), default=default_of(MegatronTrainConfig, "num_layers"), show_default=True
 )
 @click.option(
-    "--grad-accum", type=click.IntRange(min=1), default=1, show_default=True, help="Micro-batches per step and rank."
+    "--hidden-size",
+    type=click.IntRange(min=8),
+    default=default_of(MegatronTrainConfig, "hidden_size"),
+    show_default=True,
+)
+@click.option(
+    "--num-attention-heads",
+    type=click.IntRange(min=1),
+    default=default_of(MegatronTrainConfig, "num_attention_heads"),
+    show_default=True,
+)
+@click.option("--max-steps", required=True, type=click.IntRange(min=1), help="Optimizer steps.")
+@click.option(
+    "--lr", type=float, default=default_of(MegatronTrainConfig, "lr"), show_default=True, help="AdamW learning rate."
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=default_of(MegatronTrainConfig, "seed"),
+    show_default=True,
+    help="Model init and loader shuffle seed.",
+)
+@click.option(
+    "--packs-per-microbatch",
+    type=click.IntRange(min=1),
+    default=default_of(MegatronTrainConfig, "packs_per_microbatch"),
+    show_default=True,
+    help="Packs per THD row.",
+)
+@click.option(
+    "--grad-accum",
+    type=click.IntRange(min=1),
+    default=default_of(MegatronTrainConfig, "grad_accum"),
+    show_default=True,
+    help="Micro-batches per step and rank.",
 )
 @click.option(
     "--ignore-media",
     is_flag=True,
     help="Train on packs with images/videos as text (placeholder tokens embedded like any token).",
 )
-@click.option("--num-workers", type=click.IntRange(min=0), default=2, show_default=True, help="Loader workers.")
+@click.option(
+    "--num-workers",
+    type=click.IntRange(min=0),
+    default=default_of(MegatronTrainConfig, "num_workers"),
+    show_default=True,
+    help="Loader workers.",
+)
 def megatron_command(**options: object) -> None:
     """Train a megatron-core GPT model (Transformer Engine spec) on the packed THD micro-batches.
 
@@ -58,7 +94,7 @@ def megatron_command(**options: object) -> None:
     install. Alone or under torchrun: tensor/pipeline parallel 1, data parallel = GPUs.
     """
     from train.dataset import TrainConfigError
-    from train.megatron.loop import MediaInPackError, MegatronRunConflict, MegatronTrainConfig, run
+    from train.megatron.loop import MediaInPackError, MegatronRunConflict, run
 
     if not logging.getLogger().handlers:  # the step log lines; the `train` group may have set this up
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
