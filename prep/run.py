@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
-from prep.errors import unwrap_worker_error
+from prep.worker_errors import unwrap_worker_error
 
 log = logging.getLogger(__name__)
 Worker = Callable[[dict[str, list]], dict[str, list]]

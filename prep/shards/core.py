@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prep.errors import WorkerInputError
+from prep.worker_errors import WorkerInputError
 from prep.shards.read import SampleRow, read_media
 from prep.shards.tar import Member
 from prep.sources.media import LmdbPool

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from prep.errors import WorkerInputError
+from prep.worker_errors import WorkerInputError
 from prep.sources.media import LmdbPool, MediaError, read_bytes
 from schemas.media_ref import MediaRef
 from schemas.tokenized import TokenizedPartError, open_part
