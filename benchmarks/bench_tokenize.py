@@ -62,9 +62,8 @@ def make_dataset(root: Path, num_samples: int, seed: int) -> Path:
 
 
 def compare_paths(config_path: Path, processor_dir: Path) -> None:
-    from prep.sources.records import plan_chunks, read_chunk
-    from prep.tokenize.chunk import parse_record
-    from prep.tokenize.conversation import to_conversation
+    from prep.sources.formats.sharegpt import to_conversation
+    from prep.sources.records import decode_record, plan_chunks, read_chunk
     from prep.tokenize.core import SampleTokenizer
     from prep.tokenize.processor import load_processor
     from prep.tokenize.processor_path import reference_input_ids
@@ -74,7 +73,7 @@ def compare_paths(config_path: Path, processor_dir: Path) -> None:
     bundle = load_processor(str(processor_dir))
     tok = SampleTokenizer(bundle)
     convs = [
-        to_conversation(parse_record(r), spec)
+        to_conversation(decode_record(r), spec)
         for c in plan_chunks([spec], rows_per_chunk=10**9, seed=0)
         for r in read_chunk(c)
     ]

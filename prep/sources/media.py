@@ -1,21 +1,27 @@
-"""Media references and header-only metadata: image sizes and video frame counts.
+"""Header-only metadata of media items: image sizes, video frame counts, encoded byte sizes.
 
-A reference is a file path or ``"/path/to/db.lmdb::KEY"`` (value = original encoded
-image bytes). Nothing here decodes pixels: image sizes come from the file header (plus
-the EXIF orientation tag, which transformers' ``load_image`` applies), video metadata
-from the container (PyAV). A truncated JPEG/PNG is caught by its missing end marker.
+A reference (:class:`schemas.media_ref.MediaRef`) names a file or a key of an LMDB
+environment whose value is the original encoded image. Nothing here decodes pixels: image
+sizes come from the file header (plus the EXIF orientation tag, which transformers'
+``load_image`` applies), video metadata from the container (PyAV). A truncated JPEG/PNG is
+caught by its missing end marker. The encoded size (``num_bytes``) is taken while the header
+is read, so later stages can size shards without opening media again.
 """
 
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import lmdb
 from PIL import Image, UnidentifiedImageError
 
-LMDB_SEPARATOR = "::"
+from schemas.media_ref import MediaRef
+from schemas.reasons import Reason
+
 EXIF_ORIENTATION_TAG = 0x0112
 SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 JPEG_END = b"\xff\xd9"
@@ -23,23 +29,20 @@ PNG_END = b"IEND\xaeB`\x82"
 
 
 class MediaError(Exception):
-    """A media item cannot be used; ``reason`` is a schemas.reasons.Reason value."""
+    """A media item cannot be used; ``reason`` becomes the error row's code."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class MediaRef:
-    """Where a media item's encoded bytes live."""
+class ImageHeader:
+    """An image as the processor will see it, plus its encoded size."""
 
-    path: str  # file, or LMDB directory when key is set
-    key: str | None = None
-
-    @property
-    def uri(self) -> str:
-        return self.path if self.key is None else f"{self.path}{LMDB_SEPARATOR}{self.key}"
+    width: int  # after EXIF orientation
+    height: int
+    num_bytes: int  # the file, or the LMDB value
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,11 +59,12 @@ class VideoMeta:
         return self.num_frames / self.fps
 
 
-def parse_ref(entry: str, media_dir: Path) -> MediaRef:
-    """Resolve a dataset entry; relative paths are taken from the dataset's media_dir."""
-    path, sep, key = entry.partition(LMDB_SEPARATOR)
-    resolved = Path(path) if Path(path).is_absolute() else media_dir / path
-    return MediaRef(path=str(resolved), key=key if sep else None)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VideoHeader:
+    """A video's container metadata plus the size of its file."""
+
+    meta: VideoMeta
+    num_bytes: int
 
 
 class LmdbPool:
@@ -70,17 +74,20 @@ class LmdbPool:
         self._envs: dict[str, lmdb.Environment] = {}
 
     def get(self, ref: MediaRef) -> bytes:
+        """The value stored under ``ref.key`` in the environment at ``ref.path``."""
+        if ref.key is None:
+            raise ValueError(f"{ref.format()!r} is a file reference, not an LMDB key")
         env = self._envs.get(ref.path)
         if env is None:
             if not Path(ref.path).exists():
-                raise MediaError("missing_media", f"LMDB {ref.path!r} does not exist")
+                raise MediaError(Reason.MISSING_MEDIA, f"LMDB {ref.path!r} does not exist")
             env = lmdb.open(ref.path, readonly=True, lock=False, readahead=False, subdir=Path(ref.path).is_dir())
             self._envs[ref.path] = env
         with env.begin(buffers=False) as txn:
             value = txn.get(ref.key.encode("utf-8"))
         if value is None:
-            raise MediaError("missing_lmdb_key", f"key {ref.key!r} not in LMDB {ref.path!r}")
-        return value
+            raise MediaError(Reason.MISSING_LMDB_KEY, f"key {ref.key!r} not in LMDB {ref.path!r}")
+        return bytes(value)
 
     def close(self) -> None:
         for env in self._envs.values():
@@ -95,47 +102,52 @@ def read_bytes(ref: MediaRef, pool: LmdbPool) -> bytes:
     try:
         return Path(ref.path).read_bytes()
     except FileNotFoundError as exc:
-        raise MediaError("missing_media", f"file {ref.path!r} does not exist") from exc
+        raise MediaError(Reason.MISSING_MEDIA, f"file {ref.path!r} does not exist") from exc
 
 
-def image_size(ref: MediaRef, pool: LmdbPool) -> tuple[int, int]:
-    """(width, height) as the processor will see the image, from the header only."""
+def image_header(ref: MediaRef, pool: LmdbPool) -> ImageHeader:
+    """Size as the processor will see the image and encoded size, from the header only."""
     if ref.key is not None:
-        return _header_size(io.BytesIO(pool.get(ref)), ref.uri)
+        return _read_header(io.BytesIO(pool.get(ref)), ref.format())
     if not Path(ref.path).is_file():
-        raise MediaError("missing_media", f"file {ref.path!r} does not exist")
+        raise MediaError(Reason.MISSING_MEDIA, f"file {ref.path!r} does not exist")
     with open(ref.path, "rb") as fh:
-        return _header_size(fh, ref.uri)
+        return _read_header(fh, ref.format())
 
 
-def _header_size(fh: io.BufferedIOBase, uri: str) -> tuple[int, int]:
+def _read_header(fh: IO[bytes], uri: str) -> ImageHeader:
     try:
         with Image.open(fh) as img:
             width, height = img.size
             fmt = img.format
             orientation = img.getexif().get(EXIF_ORIENTATION_TAG, 1)
     except UnidentifiedImageError as exc:  # its message embeds a memory address: keep output deterministic
-        raise MediaError("corrupt_image", f"{uri}: not a recognised image format") from exc
+        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a recognised image format") from exc
     except (OSError, SyntaxError, ValueError) as exc:
-        raise MediaError("corrupt_image", f"{uri}: not a readable image ({exc})") from exc
-    _check_trailer(fh, fmt, uri)
+        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a readable image ({exc})") from exc
+    num_bytes = fh.seek(0, io.SEEK_END)
+    _check_trailer(fh, fmt, num_bytes, uri)
     if width < 1 or height < 1:
-        raise MediaError("corrupt_image", f"{uri}: empty image {width}x{height}")
+        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: empty image {width}x{height}")
     if orientation in SWAPPING_ORIENTATIONS:
         width, height = height, width
-    return width, height
+    return ImageHeader(width=width, height=height, num_bytes=num_bytes)
 
 
-def _check_trailer(fh: io.BufferedIOBase, fmt: str | None, uri: str) -> None:
+def _check_trailer(fh: IO[bytes], fmt: str | None, num_bytes: int, uri: str) -> None:
     """Truncated files pass a header read but fail to decode later: check the end marker."""
     marker = {"JPEG": JPEG_END, "PNG": PNG_END}.get(fmt or "")
     if marker is None:
         return
-    fh.seek(0, io.SEEK_END)
-    size = fh.tell()
-    fh.seek(max(0, size - 64))
+    fh.seek(max(0, num_bytes - 64))
     if marker not in fh.read():
-        raise MediaError("corrupt_image", f"{uri}: truncated {fmt} (no end marker)")
+        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: truncated {fmt} (no end marker)")
+
+
+def video_header(ref: MediaRef) -> VideoHeader:
+    """Container metadata and file size of a video, without decoding frames."""
+    meta = video_meta(ref)  # raises MediaError unless ref is a readable video file
+    return VideoHeader(meta=meta, num_bytes=os.stat(ref.path).st_size)
 
 
 def video_meta(ref: MediaRef) -> VideoMeta:
@@ -143,13 +155,14 @@ def video_meta(ref: MediaRef) -> VideoMeta:
     import av  # deferred: PyAV is only needed for datasets with video
 
     if ref.key is not None:
-        raise MediaError("bad_video", f"{ref.uri}: videos are read from files, not LMDB")
+        raise MediaError(Reason.BAD_VIDEO, f"{ref.format()}: videos are read from files, not LMDB")
     if not Path(ref.path).is_file():
-        raise MediaError("missing_media", f"file {ref.path!r} does not exist")
+        raise MediaError(Reason.MISSING_MEDIA, f"file {ref.path!r} does not exist")
+    uri = ref.format()
     try:
         with av.open(ref.path) as container:
             if not container.streams.video:
-                raise MediaError("bad_video", f"{ref.uri}: no video stream")
+                raise MediaError(Reason.BAD_VIDEO, f"{uri}: no video stream")
             stream = container.streams.video[0]
             # the same fields transformers' PyAV reader puts in VideoMetadata
             num_frames = int(stream.frames)
@@ -158,7 +171,8 @@ def video_meta(ref: MediaRef) -> VideoMeta:
             if num_frames <= 0:  # mkv/webm headers often omit it: count packets, no decoding
                 num_frames = sum(1 for packet in container.demux(stream) if packet.size)
     except av.error.FFmpegError as exc:
-        raise MediaError("bad_video", f"{ref.uri}: unreadable video ({exc})") from exc
+        raise MediaError(Reason.BAD_VIDEO, f"{uri}: unreadable video ({exc})") from exc
     if num_frames <= 0 or fps <= 0 or width <= 0 or height <= 0:
-        raise MediaError("bad_video", f"{ref.uri}: missing frame count/fps/size in container")
+        raise MediaError(Reason.BAD_VIDEO, f"{uri}: missing frame count/fps/size in container")
     return VideoMeta(num_frames=num_frames, fps=fps, width=width, height=height)
+

@@ -8,6 +8,8 @@ integers, not data.
 
 Every physical line of a JSONL file is a record, blank lines included (a blank line
 becomes a ``malformed_json`` error row), so that line numbers in errors match the file.
+Chunks and raw records know nothing of the records' layout (ShareGPT, alpaca, ...): that is
+the business of the readers in :mod:`prep.sources.formats`.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
+from prep.sources.errors import RecordError
 from schemas.dataset_config import DatasetSpec
+from schemas.reasons import Reason
 
 SCAN_BLOCK_BYTES = 1 << 22
 
@@ -49,7 +54,7 @@ class RawRecord:
     value: object = None
 
 
-def jsonl_line_offsets(path: Path, every: int) -> tuple[np.ndarray, int]:
+def jsonl_line_offsets(path: Path, every: int) -> tuple[npt.NDArray[np.int64], int]:
     """Byte offsets of lines 0, every, 2*every, ... plus the file size and line count.
 
     Streams the file in blocks; memory is O(lines / every).
@@ -77,7 +82,7 @@ def _ends_with_newline(path: Path) -> bool:
         return fh.read(1) == b"\n"
 
 
-def record_copies(num_records: int, ratio: float, seed: int, dataset: str) -> np.ndarray:
+def record_copies(num_records: int, ratio: float, seed: int, dataset: str) -> npt.NDArray[np.int64]:
     """How often each record is used: ``floor(ratio)`` copies plus a seeded remainder.
 
     ratio < 1 keeps a seeded subset of ``round(n * ratio)`` records; the draw depends only
@@ -142,6 +147,22 @@ def read_chunk(chunk: Chunk) -> Iterator[RawRecord]:
                 yield RawRecord(line=line, copies=copies, value=items[line])
 
 
+def decode_record(record: RawRecord) -> object:
+    """The record's JSON value; undecodable bytes raise :class:`RecordError`."""
+    if record.raw is None:
+        return record.value
+    try:
+        text = record.raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(Reason.NOT_UTF8, f"line is not UTF-8: {exc}") from exc
+    if not text.strip():
+        raise RecordError(Reason.MALFORMED_JSON, "blank line")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(Reason.MALFORMED_JSON, f"invalid JSON: {exc}") from exc
+
+
 def _is_jsonl(path: Path) -> bool:
     """JSON array files start with '['; everything else is read as JSON lines."""
     with open(path, "rb") as fh:
@@ -150,7 +171,7 @@ def _is_jsonl(path: Path) -> bool:
 
 
 @functools.lru_cache(maxsize=2)
-def _load_json_array(path: Path) -> list:
+def _load_json_array(path: Path) -> list[object]:
     """Whole-file JSON arrays are loaded once per process; use JSONL for large datasets."""
     with open(path, encoding="utf-8") as fh:
         value = json.load(fh)

@@ -1,24 +1,29 @@
 """One chunk of records -> one samples part and one errors part (Arrow tables).
 
-Conservation inside a chunk: every used (record, copy) pair yields exactly one samples
-row or one errors row. A record is tokenized once; its copies share the result.
+Records come from the dataset format's reader (:mod:`prep.sources.formats`), so this
+module knows no input format. Conservation inside a chunk: every used (record, copy) pair
+yields exactly one samples row or one errors row. A record is tokenized once; its copies
+share the result.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from prep.sources.records import Chunk, RawRecord, read_chunk
-from prep.tokenize.conversation import Conversation, to_conversation
-from prep.tokenize.core import SampleTokenizer, TokenizedSample
+from prep.sources.conversation import Conversation
+from prep.sources.errors import RecordError
+from prep.sources.formats.base import reader_for
+from prep.sources.records import Chunk
+from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.errors import SampleError
+from prep.tokenize.families.base import MediaCount
+from prep.tokenize.processor_path import ReferenceUnavailable, reference_input_ids
+from prep.tokenize.sample import TokenizedSample
 from schemas.dataset_config import DatasetSpec
-from schemas.reasons import Reason
 from schemas.tokenized import ERRORS_SCHEMA, SAMPLES_SCHEMA, make_sample_id
 
 
@@ -26,12 +31,12 @@ class VerifyMismatch(RuntimeError):
     """Closed-form ids differ from the real processor's: a counter bug. Fails the run."""
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class VerifyPolicy:
+    """Which samples ``--verify-fraction`` checks: a seeded draw per sample id."""
+
     fraction: float = 0.0
     seed: int = 0
-    checked: int = 0
-    skipped: int = 0
 
     def wants(self, sample_id: str) -> bool:
         if self.fraction <= 0:
@@ -46,27 +51,14 @@ class ChunkOutput:
     errors: pa.Table
     verified: int = 0
     verify_skipped: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_record(raw: RawRecord) -> Any:
-    if raw.raw is None:
-        return raw.value
-    try:
-        text = raw.raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SampleError(Reason.NOT_UTF8, f"line is not UTF-8: {exc}") from exc
-    if not text.strip():
-        raise SampleError(Reason.MALFORMED_JSON, "blank line")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SampleError(Reason.MALFORMED_JSON, f"invalid JSON: {exc}") from exc
-
-
-def _verify(tok: SampleTokenizer, conv: Conversation, spec: DatasetSpec, sample: TokenizedSample, sid: str) -> bool:
-    from prep.tokenize.processor_path import ReferenceUnavailable, reference_input_ids
-
+def _verify(
+    tok: SampleTokenizer, conv: Conversation, spec: DatasetSpec, sample: TokenizedSample, verify: VerifyPolicy, sid: str
+) -> bool | None:
+    """None: not drawn for verification; False: drawn but the processor is unavailable here."""
+    if not verify.wants(sid):
+        return None
     try:
         expected = reference_input_ids(tok.bundle, conv, spec.video, tok.lmdb)
     except ReferenceUnavailable:
@@ -83,26 +75,24 @@ def _verify(tok: SampleTokenizer, conv: Conversation, spec: DatasetSpec, sample:
 
 def process_chunk(chunk: Chunk, spec: DatasetSpec, tok: SampleTokenizer, verify: VerifyPolicy) -> ChunkOutput:
     """Tokenize every used record of the chunk; per-sample failures become error rows."""
-    rows: dict[str, list] = {f.name: [] for f in SAMPLES_SCHEMA}
-    errs: dict[str, list] = {f.name: [] for f in ERRORS_SCHEMA}
+    rows: dict[str, list[Any]] = {f.name: [] for f in SAMPLES_SCHEMA}
+    errs: dict[str, list[Any]] = {f.name: [] for f in ERRORS_SCHEMA}
     verified = skipped = 0
-    for raw in read_chunk(chunk):
-        base = {"dataset": chunk.dataset, "source": chunk.source, "line": raw.line}
-        try:
-            conv = to_conversation(parse_record(raw), spec)
-            sample = tok.tokenize(conv, spec.video)
-            first_id = make_sample_id(chunk.dataset, raw.line, 0)
-            if verify.wants(first_id):
-                if _verify(tok, conv, spec, sample, first_id):
-                    verified += 1
-                else:
-                    skipped += 1
-        except SampleError as exc:
-            for copy in range(raw.copies):
-                _append(errs, base, copy, reason=exc.reason.value, message=str(exc))
+    for record in reader_for(spec).read(chunk):
+        base = {"dataset": chunk.dataset, "source": record.source, "line": record.line}
+        if isinstance(record.parsed, RecordError):
+            _append_errors(errs, base, record.copies, record.parsed)
             continue
-        media = [_media_row(uri, c) for uri, c in sample.media]
-        for copy in range(raw.copies):
+        try:
+            sample = tok.tokenize(record.parsed, spec.video)
+            checked = _verify(tok, record.parsed, spec, sample, verify, make_sample_id(chunk.dataset, record.line, 0))
+        except SampleError as exc:
+            _append_errors(errs, base, record.copies, exc)
+            continue
+        verified += checked is True
+        skipped += checked is False
+        media = [_media_row(ref, count) for ref, count in sample.media]
+        for copy in range(record.copies):
             _append(
                 rows,
                 base,
@@ -122,23 +112,31 @@ def process_chunk(chunk: Chunk, spec: DatasetSpec, tok: SampleTokenizer, verify:
     )
 
 
-def _append(cols: dict[str, list], base: dict[str, Any], copy: int, **values: Any) -> None:
+def _append_errors(
+    errs: dict[str, list[Any]], base: dict[str, Any], copies: int, exc: RecordError | SampleError
+) -> None:
+    for copy in range(copies):
+        _append(errs, base, copy, reason=exc.reason.value, message=str(exc))
+
+
+def _append(cols: dict[str, list[Any]], base: dict[str, Any], copy: int, **values: Any) -> None:
     cols["sample_id"].append(make_sample_id(base["dataset"], base["line"], copy))
     cols["copy"].append(copy)
     for key, value in {**base, **values}.items():
         cols[key].append(value)
 
 
-def _media_row(uri: str, c: Any) -> dict[str, Any]:
+def _media_row(ref: str, count: MediaCount) -> dict[str, Any]:
     return {
-        "kind": c.kind,
-        "ref": uri,
-        "width": c.width,
-        "height": c.height,
-        "grid_t": c.grid_t,
-        "grid_h": c.grid_h,
-        "grid_w": c.grid_w,
-        "num_tokens": c.num_tokens,
-        "frame_indices": list(c.frame_indices),
-        "timestamps": list(c.timestamps),
+        "kind": count.kind,
+        "ref": ref,
+        "width": count.width,
+        "height": count.height,
+        "grid_t": count.grid_t,
+        "grid_h": count.grid_h,
+        "grid_w": count.grid_w,
+        "num_tokens": count.num_tokens,
+        "frame_indices": list(count.frame_indices),
+        "timestamps": list(count.timestamps),
+        "num_bytes": count.num_bytes,
     }

@@ -1,7 +1,8 @@
-"""Pure per-sample logic of `prep tokenize`: a ShareGPT record -> exact token ids + mask.
+"""Pure per-sample logic of `prep tokenize`: a conversation -> exact token ids + mask.
 
 No Ray, no click, no files written: a :class:`SampleTokenizer` is built once per worker
-(processor, counter, LMDB handles) and maps one parsed record to a :class:`TokenizedSample`
+(processor, counter, LMDB handles) and maps one conversation (from any reader of
+:mod:`prep.sources.formats`) to a :class:`TokenizedSample`
 or raises :class:`SampleError`. Exactness: the template text is tokenized once, then each
 media placeholder token is replaced by the ids the processor would put there, which the
 family counter computes in closed form from header-only sizes. Families without a counter
@@ -14,34 +15,22 @@ Example (Qwen2-VL, one 448x448 image): rendered text ``...<|vision_start|><|imag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 
-from prep.sources.media import LmdbPool, MediaError, image_size, video_meta
-from prep.tokenize.conversation import Conversation
+from prep.sources.conversation import Conversation, MediaKind
+from prep.sources.media import LmdbPool, MediaError, image_header, video_header
 from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import MediaCount, MediaCounter, MediaRejected, find_counter
 from prep.tokenize.processor import ProcessorBundle
+from prep.tokenize.processor_path import tokenize_with_processor
+from prep.tokenize.sample import TokenizedSample
 from prep.tokenize.template import render_with_spans, tokenize_rendered
 from schemas.dataset_config import VideoSampling
+from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TokenizedSample:
-    input_ids: list[int]
-    loss_mask: np.ndarray
-    media: list[tuple[str, MediaCount]]  # (reference uri, count) in placeholder order
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def num_media_tokens(self) -> int:
-        return sum(count.num_tokens for _, count in self.media)
 
 
 class SampleTokenizer:
@@ -55,9 +44,8 @@ class SampleTokenizer:
         self.lmdb = LmdbPool()
 
     def tokenize(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
+        """Exact ids and loss mask of one conversation; a bad sample raises SampleError."""
         if self.counter is None:
-            from prep.tokenize.processor_path import tokenize_with_processor
-
             sample = tokenize_with_processor(self.bundle, conv, sampling, self.lmdb)
         else:
             sample = self._tokenize_closed_form(self.counter, conv, sampling)
@@ -68,35 +56,37 @@ class SampleTokenizer:
     def _tokenize_closed_form(
         self, counter: MediaCounter, conv: Conversation, sampling: VideoSampling
     ) -> TokenizedSample:
-        counts = [(item.ref.uri, self._count(counter, item.kind, item.ref, sampling)) for item in conv.media]
+        counts = [(item.ref.format(), self._count(counter, item.kind, item.ref, sampling)) for item in conv.media]
         rendered = render_with_spans(self.bundle.tokenizer, self.bundle.chat_template, conv.messages)
         text = tokenize_rendered(self.bundle.tokenizer, rendered)
         ids, mask = splice_media(text.input_ids, text.loss_mask, counts, counter.image_token_id, counter.video_token_id)
         return TokenizedSample(input_ids=ids, loss_mask=mask, media=counts)
 
-    def _count(self, counter: MediaCounter, kind: str, ref: Any, sampling: VideoSampling) -> MediaCount:
+    def _count(self, counter: MediaCounter, kind: MediaKind, ref: MediaRef, sampling: VideoSampling) -> MediaCount:
+        """The counter's answer for one item, with its source size and encoded size."""
         try:
             if kind == "image":
-                width, height = image_size(ref, self.lmdb)
+                image = image_header(ref, self.lmdb)
+                width, height, num_bytes = image.width, image.height, image.num_bytes
                 count = counter.count_image(width, height)
             else:
-                meta = video_meta(ref)
-                width, height = meta.width, meta.height
-                count = counter.count_video(meta, sampling)
-            return replace(count, width=width, height=height)
+                video = video_header(ref)
+                width, height, num_bytes = video.meta.width, video.meta.height, video.num_bytes
+                count = counter.count_video(video.meta, sampling)
+            return replace(count, width=width, height=height, num_bytes=num_bytes)
         except MediaError as exc:
             raise SampleError(exc.reason, str(exc)) from exc
         except MediaRejected as exc:
-            raise SampleError(Reason.PROCESSOR_REJECTED, f"{ref.uri}: {exc}") from exc
+            raise SampleError(Reason.PROCESSOR_REJECTED, f"{ref.format()}: {exc}") from exc
 
 
 def splice_media(
     ids: list[int],
-    mask: np.ndarray,
+    mask: npt.NDArray[np.uint8],
     counts: list[tuple[str, MediaCount]],
     image_token_id: int,
     video_token_id: int,
-) -> tuple[list[int], np.ndarray]:
+) -> tuple[list[int], npt.NDArray[np.uint8]]:
     """Replace the k-th image/video placeholder token by the k-th item's expansion ids.
 
     The placeholder count must match the media count exactly (user text that spells a
@@ -117,7 +107,7 @@ def splice_media(
                 "(does the text spell a placeholder token?)",
             )
     out_ids: list[int] = []
-    pieces: list[np.ndarray] = []
+    pieces: list[npt.NDArray[np.uint8]] = []
     taken = {t: 0 for t in queues}
     prev = 0
     for pos in positions:

@@ -8,6 +8,6 @@ from schemas.reasons import Reason
 class SampleError(Exception):
     """One record cannot become a sample; carries a reason code for the errors table."""
 
-    def __init__(self, reason: Reason | str, message: str) -> None:
+    def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
-        self.reason = Reason(reason)
+        self.reason = reason

@@ -8,19 +8,23 @@ way transformers' ``load_image`` does from a path (EXIF transpose, RGB), LMDB by
 from __future__ import annotations
 
 import io
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
+from transformers import BatchFeature, ProcessorMixin
 from transformers.image_utils import load_image
 
+from prep.sources.conversation import Conversation
 from prep.sources.media import LmdbPool, MediaError, read_bytes
-from prep.tokenize.conversation import Conversation
-from prep.tokenize.core import TokenizedSample
 from prep.tokenize.errors import SampleError
-from prep.tokenize.families.base import MediaCount
+from prep.tokenize.families.base import MediaCount, find_counter
 from prep.tokenize.processor import ProcessorBundle
-from prep.tokenize.template import render_with_spans
+from prep.tokenize.sample import TokenizedSample
+from prep.tokenize.template import RenderedText, render_with_spans
 from schemas.dataset_config import VideoSampling
 from schemas.reasons import Reason
 
@@ -29,36 +33,53 @@ class ReferenceUnavailable(RuntimeError):
     """The real processor cannot run this sample here (e.g. video without torchvision)."""
 
 
-def _media_inputs(bundle: ProcessorBundle, conv: Conversation, lmdb: LmdbPool) -> tuple[list, list]:
-    images, videos = [], []
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MediaInputs:
+    """What the processor is called with, plus each item's encoded size in media order."""
+
+    images: list[Image.Image]
+    videos: list[str]  # file paths: the processor's video loader opens them
+    num_bytes: list[int]
+
+
+def _media_inputs(bundle: ProcessorBundle, conv: Conversation, lmdb: LmdbPool) -> MediaInputs:
+    inputs = MediaInputs(images=[], videos=[], num_bytes=[])
     for item in conv.media:
         if item.kind == "video":
             if bundle.processor is None or getattr(bundle.processor, "video_processor", None) is None:
                 raise ReferenceUnavailable("no video processor loaded (torchvision missing)")
-            videos.append(item.ref.path)
+            try:
+                inputs.num_bytes.append(os.stat(item.ref.path).st_size)
+            except FileNotFoundError as exc:
+                raise SampleError(Reason.MISSING_MEDIA, f"file {item.ref.path!r} does not exist") from exc
+            inputs.videos.append(item.ref.path)
             continue
         try:
             data = read_bytes(item.ref, lmdb)
-            images.append(load_image(Image.open(io.BytesIO(data))))
+            inputs.images.append(load_image(Image.open(io.BytesIO(data))))
         except MediaError as exc:
             raise SampleError(exc.reason, str(exc)) from exc
         except (OSError, SyntaxError, ValueError) as exc:
-            raise SampleError(Reason.CORRUPT_IMAGE, f"{item.ref.uri}: {exc}") from exc
-    return images, videos
+            raise SampleError(Reason.CORRUPT_IMAGE, f"{item.ref.format()}: {exc}") from exc
+        inputs.num_bytes.append(len(data))
+    return inputs
+
+
+def _require_processor(bundle: ProcessorBundle) -> ProcessorMixin:
+    if bundle.processor is None:
+        raise ReferenceUnavailable(f"processor {bundle.processor_class!r} could not be built here")
+    return bundle.processor
 
 
 def run_processor(
     bundle: ProcessorBundle, conv: Conversation, sampling: VideoSampling, lmdb: LmdbPool, **extra: Any
-) -> tuple[str, Any]:
+) -> tuple[RenderedText, BatchFeature, MediaInputs]:
     """Render with the chat template and call the processor on text + decoded media."""
-    if bundle.processor is None:
-        raise ReferenceUnavailable(f"processor {bundle.processor_class!r} could not be built here")
+    processor = _require_processor(bundle)
     rendered = render_with_spans(bundle.tokenizer, bundle.chat_template, conv.messages)
-    images, videos = _media_inputs(bundle, conv, lmdb)
+    media = _media_inputs(bundle, conv, lmdb)
     kwargs: dict[str, Any] = dict(extra)
-    if videos:
-        from prep.tokenize.families.base import find_counter
-
+    if media.videos:
         factory = find_counter(bundle.processor_class)
         if factory is not None:
             kwargs.update(factory(bundle).processor_video_kwargs(sampling))
@@ -68,17 +89,17 @@ def run_processor(
     if bos is not None and rendered.text.startswith(bos):
         kwargs["add_special_tokens"] = False
     try:
-        out = bundle.processor(text=[rendered.text], images=images or None, videos=videos or None, **kwargs)
+        out = processor(text=[rendered.text], images=media.images or None, videos=media.videos or None, **kwargs)
     except ValueError as exc:
         raise SampleError(Reason.PROCESSOR_REJECTED, f"processor rejected the sample: {exc}") from exc
-    return rendered, out
+    return rendered, out, media
 
 
 def reference_input_ids(
     bundle: ProcessorBundle, conv: Conversation, sampling: VideoSampling, lmdb: LmdbPool
 ) -> list[int]:
     """The processor's own input_ids for this conversation."""
-    _, out = run_processor(bundle, conv, sampling, lmdb)
+    _, out, _ = run_processor(bundle, conv, sampling, lmdb)
     return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
 
 
@@ -86,33 +107,38 @@ def tokenize_with_processor(
     bundle: ProcessorBundle, conv: Conversation, sampling: VideoSampling, lmdb: LmdbPool
 ) -> TokenizedSample:
     """Exact path for families without a counter: the processor's ids, our template-derived mask."""
-    rendered, out = run_processor(
+    rendered, out, inputs = run_processor(
         bundle, conv, sampling, lmdb, return_offsets_mapping=True, return_text_replacement_offsets=True
     )
-    out = bundle.processor._adjust_assistant_masks_indices(out, [rendered.assistant_spans])
-    ids = [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
-    mask = np.asarray(out["assistant_masks"][0], dtype=np.uint8)
-    media = _media_counts(bundle, conv, out, ids)
+    # transformers annotates each generation span as an int; they are (start, end) character pairs
+    spans: list[Any] = [rendered.assistant_spans]
+    masked = _require_processor(bundle)._adjust_assistant_masks_indices(dict(out), spans)
+    ids = [int(t) for t in np.asarray(masked["input_ids"][0]).tolist()]
+    mask = np.asarray(masked["assistant_masks"][0], dtype=np.uint8)
+    media = _media_counts(bundle, conv, masked, inputs.num_bytes)
     return TokenizedSample(input_ids=ids, loss_mask=mask, media=media)
 
 
 def _media_counts(
-    bundle: ProcessorBundle, conv: Conversation, out: Any, ids: list[int]
+    bundle: ProcessorBundle, conv: Conversation, out: Mapping[str, Any], num_bytes: list[int]
 ) -> list[tuple[str, MediaCount]]:
+    """Each item's grid as the processor reports it (width/height are not measured here)."""
     grids = {k: np.asarray(out[f"{k}_grid_thw"]).tolist() if f"{k}_grid_thw" in out else [] for k in ("image", "video")}
     merge = getattr(bundle.image_processor, "merge_size", 1) or 1
     used = {"image": 0, "video": 0}
     counts = []
-    for item in conv.media:
+    for item, size in zip(conv.media, num_bytes, strict=True):
         k = used[item.kind]
         used[item.kind] += 1
         t, h, w = grids[item.kind][k] if k < len(grids[item.kind]) else (1, 0, 0)
-        counts.append(
-            (
-                item.ref.uri,
-                MediaCount(
-                    kind=item.kind, grid_t=t, grid_h=h, grid_w=w, num_tokens=t * h * w // merge**2, expansion=()
-                ),
-            )
+        count = MediaCount(
+            kind=item.kind,
+            grid_t=t,
+            grid_h=h,
+            grid_w=w,
+            num_tokens=t * h * w // merge**2,
+            expansion=(),
+            num_bytes=size,
         )
+        counts.append((item.ref.format(), count))
     return counts

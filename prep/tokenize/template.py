@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from prep.tokenize.errors import SampleError
 from schemas.reasons import Reason
@@ -63,7 +64,7 @@ def _prefix(tokenizer: Any, template: str, head: list[dict[str, Any]], full: str
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TokenizedText:
     input_ids: list[int]
-    loss_mask: np.ndarray  # uint8, same length
+    loss_mask: npt.NDArray[np.uint8]  # same length
 
 
 def tokenize_rendered(tokenizer: Any, rendered: RenderedText) -> TokenizedText:

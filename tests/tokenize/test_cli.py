@@ -28,6 +28,8 @@ def _args(example: Path, out: Path, *extra: str) -> list[str]:
         "local",
         "--rows-per-chunk",
         "4",
+        "--max-error-rate",  # the example holds one bad row per reason; a later value in extra wins
+        "1",
         *extra,
     ]
 

@@ -40,6 +40,7 @@ def _config(example: Path, out: Path, **kw) -> TokenizeConfig:
         executor=LOCAL,
         verify_fraction=1.0,
         rows_per_chunk=8,
+        max_error_rate=1.0,  # the example holds one bad row per reason
     )
     return TokenizeConfig(**{**base, **kw})
 
@@ -72,8 +73,8 @@ def test_conservation_and_error_reasons(local_run, example_dir):
     ids = samples.column("sample_id").to_pylist() + errors.column("sample_id").to_pylist()
     assert len(ids) == len(set(ids))
     assert EXPECTED_REASONS <= set(errors.column("reason").to_pylist())
-    assert manifest["rows"] == {"samples": samples.num_rows, "errors": errors.num_rows}
-    assert manifest["tokens"]["total"] == sum(samples.column("num_tokens").to_pylist())
+    assert (manifest.rows.samples, manifest.rows.errors) == (samples.num_rows, errors.num_rows)
+    assert manifest.tokens.total == sum(samples.column("num_tokens").to_pylist())
     assert all(m for m in errors.column("message").to_pylist())
 
 
@@ -93,21 +94,22 @@ def test_every_image_sample_equals_hf_processor(local_run, bundles, example_dir)
         assert row["num_tokens"] == len(row["input_ids"]) == row["num_text_tokens"] + row["num_media_tokens"]
         checked += 1
     assert checked >= 10
-    assert manifest["verify"]["checked"] >= checked
+    assert manifest.verify.checked >= checked
 
 
 def _messages_with_images(row: dict, spec) -> list[dict]:
     import io
 
-    from prep.sources.media import LmdbPool, parse_ref, read_bytes
-    from prep.sources.records import plan_chunks, read_chunk
-    from prep.tokenize.chunk import parse_record
-    from prep.tokenize.conversation import to_conversation
+    from prep.sources.conversation import Conversation
+    from prep.sources.formats.base import reader_for
+    from prep.sources.media import LmdbPool, read_bytes
+    from prep.sources.records import plan_chunks
+    from schemas.media_ref import MediaRef
 
     chunk = next(c for c in plan_chunks([spec], rows_per_chunk=10**9, seed=0))
-    raw = next(r for r in read_chunk(chunk) if r.line == row["line"])
-    conv = to_conversation(parse_record(raw), spec)
-    images = iter(Image.open(io.BytesIO(read_bytes(parse_ref(m["ref"], Path("/")), LmdbPool()))) for m in row["media"])
+    conv = next(r.parsed for r in reader_for(spec).read(chunk) if r.line == row["line"])
+    assert isinstance(conv, Conversation)
+    images = iter(Image.open(io.BytesIO(read_bytes(MediaRef.parse(m["ref"]), LmdbPool()))) for m in row["media"])
     messages = []
     for message in conv.messages:
         content = message["content"]
@@ -165,7 +167,7 @@ def test_output_dir_with_other_options_is_refused(local_run, example_dir):
 
 def test_max_length_turns_long_samples_into_errors(example_dir, tmp_path):
     manifest = run_tokenize(_config(example_dir, tmp_path / "o", max_length=64, verify_fraction=0.0))
-    assert manifest["errors_by_reason"].get("too_long", 0) > 0
+    assert manifest.errors_by_reason.get("too_long", 0) > 0
     rows = _table(tmp_path / "o", SAMPLES_DIR)
     assert max(rows.column("num_tokens").to_pylist(), default=0) <= 64
 
@@ -173,10 +175,10 @@ def test_max_length_turns_long_samples_into_errors(example_dir, tmp_path):
 def test_manifest_records_processor_and_versions(local_run):
     out, manifest = local_run
     on_disk = json.loads((out / MANIFEST_FILE).read_text())
-    assert on_disk == manifest
-    assert manifest["processor"]["class"] == "Qwen2VLProcessor"
-    assert len(manifest["processor"]["sha256"]) == 64
-    assert "transformers" in manifest["libraries"]
+    assert on_disk == manifest.to_json()
+    assert manifest.processor.class_name == "Qwen2VLProcessor"
+    assert len(manifest.processor.sha256) == 64
+    assert "transformers" in manifest.libraries
 
 
 @pytest.mark.ray
@@ -193,8 +195,28 @@ def test_qwen3_vl_image_samples_verify_against_its_processor(tmp_path):
 
     config = write_example_dataset(tmp_path / "ex3", num_samples=16, seed=1, family="qwen3_vl")
     manifest = run_tokenize(_config(config.parent, tmp_path / "out3"))
-    assert manifest["processor"]["class"] == "Qwen3VLProcessor"
-    assert manifest["verify"]["checked"] >= 8
+    assert manifest.processor.class_name == "Qwen3VLProcessor"
+    assert manifest.verify.checked >= 8
     rows = _table(tmp_path / "out3", SAMPLES_DIR).to_pylist()
     videos = [m for r in rows for m in r["media"] if m["kind"] == "video"]
     assert videos and all(m["num_tokens"] > 0 for m in videos)
+
+
+def test_media_num_bytes_is_the_encoded_size(local_run):
+    """num_bytes equals the file's size, or the length of the LMDB value, read directly."""
+    import os
+
+    import lmdb
+
+    out, _ = local_run
+    media = [m for r in _table(out, SAMPLES_DIR).to_pylist() for m in r["media"]]
+    in_lmdb = [m for m in media if "::" in m["ref"]]
+    assert in_lmdb and len(in_lmdb) < len(media)
+    for m in media:
+        path, _, key = m["ref"].partition("::")
+        if key:
+            with lmdb.open(path, readonly=True, lock=False, subdir=os.path.isdir(path)) as env, env.begin() as txn:
+                expected = len(txn.get(key.encode("utf-8")))
+        else:
+            expected = os.path.getsize(path)
+        assert m["num_bytes"] == expected, m["ref"]

@@ -27,7 +27,8 @@ from transformers.image_utils import load_image
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
 from packvlm.energon import PackedTaskEncoder
-from prep.sources.media import MediaRef, video_meta
+from prep.sources.media import video_meta
+from schemas.media_ref import MediaRef
 from schemas.packed import LoadedPack
 from tests.shards.oracles import original_bytes, tokenized_rows
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches

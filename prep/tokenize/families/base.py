@@ -2,16 +2,19 @@
 
 A counter answers, in closed form and without pixels, what the family's HF processor
 would do with one media item: its resize grid, its sampled frames, and the exact token
-ids that replace the item's placeholder token in the rendered chat text.
+ids that replace the item's placeholder token in the rendered chat text. Counters of every
+module of this package are registered when the package is imported (its ``__init__``),
+which importing this module does first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from prep.sources.media import VideoMeta
+from prep.tokenize.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
 
 
@@ -33,13 +36,17 @@ class MediaCount:
     timestamps: tuple[float, ...] = field(default=())
     width: int = 0  # source size after EXIF orientation, filled in by the caller
     height: int = 0
+    num_bytes: int = 0  # encoded size of the item, filled in by the caller
 
 
 class MediaCounter(Protocol):
     """Per-family closed-form counter, built once per worker from the loaded processor."""
 
-    image_token_id: int
-    video_token_id: int
+    @property
+    def image_token_id(self) -> int: ...
+
+    @property
+    def video_token_id(self) -> int: ...
 
     def count_image(self, width: int, height: int) -> MediaCount: ...
 
@@ -50,14 +57,23 @@ class MediaCounter(Protocol):
         ...
 
 
-CounterFactory = Callable[[Any], MediaCounter]
+CounterFactory = Callable[[ProcessorBundle], MediaCounter]
+
+
+class CounterClass(Protocol):
+    """A counter class: built from the loaded processor."""
+
+    def from_processor(self, bundle: ProcessorBundle) -> MediaCounter: ...
+
+
+C = TypeVar("C", bound=CounterClass)
 _REGISTRY: dict[str, CounterFactory] = {}
 
 
-def register_counter(*processor_classes: str) -> Callable[[type], type]:
+def register_counter(*processor_classes: str) -> Callable[[C], C]:
     """Class decorator: the counter serves processors of these class names."""
 
-    def wrap(cls: type) -> type:
+    def wrap(cls: C) -> C:
         for name in processor_classes:
             _REGISTRY[name] = cls.from_processor
         return cls
@@ -67,6 +83,4 @@ def register_counter(*processor_classes: str) -> Callable[[type], type]:
 
 def find_counter(processor_class: str) -> CounterFactory | None:
     """The registered counter factory for a processor class, or None (use the processor)."""
-    from prep.tokenize.families import qwen2_vl, qwen3_vl  # noqa: F401  (registers)
-
     return _REGISTRY.get(processor_class)

@@ -20,6 +20,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 from prep.sources.media import VideoMeta
 from prep.tokenize.families.base import MediaCount, MediaRejected, register_counter
 from prep.tokenize.families.settings import VideoSettings, image_pixel_limits
+from prep.tokenize.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
 
 # Qwen2VLVideoProcessor class attributes, used only for keys a config file leaves out
@@ -68,7 +69,7 @@ class Qwen2VLCounter:
     video: VideoSettings
 
     @classmethod
-    def from_processor(cls, bundle: Any) -> Qwen2VLCounter:
+    def from_processor(cls, bundle: ProcessorBundle) -> Qwen2VLCounter:
         ip = bundle.image_processor
         min_pixels, max_pixels = image_pixel_limits(ip)
         return cls(

@@ -21,6 +21,7 @@ from prep.sources.media import VideoMeta
 from prep.tokenize.families.base import MediaCount, MediaRejected, register_counter
 from prep.tokenize.families.qwen2_vl import count_image
 from prep.tokenize.families.settings import VideoSettings, image_pixel_limits
+from prep.tokenize.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
 
 QWEN3_VIDEO_CLASS_DEFAULTS = {
@@ -52,7 +53,7 @@ class Qwen3VLCounter:
     tokenizer: Any
 
     @classmethod
-    def from_processor(cls, bundle: Any) -> Qwen3VLCounter:
+    def from_processor(cls, bundle: ProcessorBundle) -> Qwen3VLCounter:
         ip = bundle.image_processor
         min_pixels, max_pixels = image_pixel_limits(ip)
         return cls(

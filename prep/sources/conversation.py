@@ -1,0 +1,30 @@
+"""What every reader produces, whatever the input format: chat messages plus their media.
+
+A user turn with media is a content list (``[{"type": "text", "text": ...}, {"type":
+"image"}, ...]``) so the model's own chat template renders the placeholders; every other
+turn's content is a plain string. ``media`` lists the items in placeholder order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from schemas.media_ref import MediaRef
+
+MediaKind = Literal["image", "video"]
+Message = dict[str, Any]  # {"role": ..., "content": str | list of content parts}: apply_chat_template's input
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MediaItem:
+    kind: MediaKind
+    ref: MediaRef
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Conversation:
+    """Messages ready for ``apply_chat_template`` and media in placeholder order."""
+
+    messages: list[Message]
+    media: list[MediaItem]
