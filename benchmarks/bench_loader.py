@@ -121,7 +121,11 @@ def prepare(root: Path, num_samples: int, pack_size: int, seed: int) -> dict[str
     generated = time.perf_counter()
     run_tokenize(
         TokenizeConfig(
-            dataset_config=str(config), processor=str(processor), output_dir=str(root / "tok"), executor=LOCAL
+            dataset_config=str(config),
+            processor=str(processor),
+            output_dir=str(root / "tok"),
+            executor=LOCAL,
+            max_error_rate=1.0,
         )
     )
     tokenized = time.perf_counter()

@@ -6,9 +6,10 @@ import logging
 
 import click
 
-from prep.cli_errors import ErrorMappingGroup
+from prep.cli_errors import ErrorMappingGroup, debug_option
 from prep.energon.cli import energon_blend_command, energon_index_command
 from prep.energon.index import EnergonIndexError, EnergonVerifyError
+from prep.errors.cli import errors_command
 from prep.example.cli import example_command
 from prep.pack.cli import pack_command
 from prep.pack.inputs import MixedProcessorsError
@@ -58,8 +59,10 @@ class PrepGroup(ErrorMappingGroup):
 
 
 @click.group(cls=PrepGroup)
+@click.version_option(package_name="packvlm")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
-def main(verbose: bool) -> None:
+@debug_option
+def main(verbose: bool, debug: bool) -> None:
     """packvlm offline data preparation."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -71,6 +74,7 @@ main.add_command(shards_command)
 main.add_command(energon_index_command)
 main.add_command(energon_blend_command)
 main.add_command(stats_command)
+main.add_command(errors_command)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""A click group that turns known errors into messages that say what to fix, not tracebacks.
+"""A click group that turns errors into messages that say what to fix, not tracebacks.
 
 Usage errors (wrong option, unusable input directory) exit 2 with click's usage banner; run
-failures (a broken invariant found mid-run) exit 1 with ``error: ...``. Anything else is a
-bug or a system error and keeps its traceback.
+failures (a data budget or an invariant found mid-run) exit 1 with ``error: ...``. Anything
+else is a bug or a system error: one line naming it, and the traceback only with ``--debug``.
+A full disk is named as such (the run resumes once space is freed).
 """
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import ClassVar
 
@@ -14,7 +16,11 @@ import click
 
 
 class ErrorMappingGroup(click.Group):
-    """Subclasses list the exception types of their commands in the two class attributes."""
+    """Subclasses list the exception types of their commands in the two class attributes.
+
+    The group must define a ``--debug`` flag (`debug_option`); with it, unexpected errors keep
+    their traceback.
+    """
 
     usage_errors: ClassVar[tuple[type[Exception], ...]] = ()
     run_failures: ClassVar[tuple[type[Exception], ...]] = ()
@@ -25,5 +31,26 @@ class ErrorMappingGroup(click.Group):
         except self.usage_errors as exc:
             raise click.UsageError(str(exc)) from exc
         except self.run_failures as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            _fail(str(exc))
+        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                _fail(f"no space left on the device ({exc}); free space and rerun the same command: it resumes")
+            if ctx.params.get("debug"):
+                raise
+            _fail(f"{type(exc).__name__}: {exc} (rerun with --debug for the traceback)")
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            _fail(f"unexpected {type(exc).__name__}: {exc} (a bug or a system error; --debug shows the traceback)")
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def debug_option(func: click.decorators.FC) -> click.decorators.FC:
+    """``--debug``: keep tracebacks of unexpected errors (read by `ErrorMappingGroup`)."""
+    return click.option("--debug", is_flag=True, help="Show tracebacks of unexpected errors.")(func)

@@ -7,6 +7,7 @@ run are cleared); other options, or a non-empty directory without a run file, ar
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,42 @@ def claim_output_dir(
             raise conflict(f"{out} is not empty and holds no `{command}` run; choose an empty --output")
         previous = json.loads(run_file.read_text(encoding="utf-8"))
         if previous != fingerprint:
+            changes = "; ".join(describe_changes(previous, fingerprint)[:5])
             raise conflict(
-                f"{out} holds a `{command}` run with other options or inputs ({previous}); "
-                "use a new --output or the same options to resume"
+                f"{out} holds a `{command}` run that differs: {changes}; use a new --output, or the same "
+                "options and inputs to resume"
             )
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_file, fingerprint)  # first, so a run killed from here on can resume
     for sub in subdirs:
         (out / sub).mkdir(exist_ok=True)
         clear_stale(out / sub)  # half-written files of a killed run
+
+
+def describe_changes(old: Any, new: Any, where: str = "") -> list[str]:
+    """Leaf-level differences between two JSON values, as ``path: old -> new`` lines."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new)):
+            sub = f"{where}.{key}" if where else str(key)
+            if key not in old:
+                out.append(f"{sub}: (none) -> {new[key]!r}")
+            elif key not in new:
+                out.append(f"{sub}: {old[key]!r} -> (none)")
+            else:
+                out.extend(describe_changes(old[key], new[key], sub))
+        return out
+    return [] if old == new else [f"{where or 'value'}: {old!r} -> {new!r}"]
+
+
+def file_fingerprint(path: str | Path, block_bytes: int = 1 << 20) -> dict[str, Any]:
+    """Size and a hash of the first and last ``block_bytes``: cheap on large files, catches edits and truncation."""
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        digest.update(fh.read(block_bytes))
+        if size > block_bytes:
+            fh.seek(max(block_bytes, size - block_bytes))
+            digest.update(fh.read(block_bytes))
+    return {"size": size, "head_tail_sha256": digest.hexdigest()}

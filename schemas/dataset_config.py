@@ -104,13 +104,16 @@ def parse_dataset_spec(name: str, raw: dict[str, Any], base_dir: Path) -> Datase
     file_name = (base_dir / raw["file_name"]).resolve()
     if not file_name.is_file():
         raise ConfigError(f"{where}: file_name {str(file_name)!r} does not exist")
+    media_dir = (base_dir / raw.get("media_dir", ".")).resolve()
+    if not media_dir.is_dir():
+        raise ConfigError(f"{where}: media_dir {str(media_dir)!r} is not a directory")
     video = _sub(VideoSampling, raw.get("video"), f"{where}.video")
     if video.fps is not None and video.fps <= 0:
         raise ConfigError(f"{where}.video.fps must be > 0 or null")
     return DatasetSpec(
         name=name,
         file_name=file_name,
-        media_dir=(base_dir / raw.get("media_dir", ".")).resolve(),
+        media_dir=media_dir,
         formatting=formatting,
         columns=_sub(Columns, raw.get("columns"), f"{where}.columns"),
         tags=_sub(Tags, raw.get("tags"), f"{where}.tags"),

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from prep.cli_errors import ErrorMappingGroup
+from prep.cli_errors import ErrorMappingGroup, debug_option
 from prep.cli_options import default_of
 from train.checkpoint import CheckpointError
 from train.dataset import TrainConfigError
@@ -35,8 +35,10 @@ def _default(name: str) -> Any:
 
 
 @click.group(cls=TrainGroup)
+@click.version_option(package_name="packvlm")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
-def main(verbose: bool) -> None:
+@debug_option
+def main(verbose: bool, debug: bool) -> None:
     """packvlm training on `prep pack` shards: exact packed (THD / varlen) micro-batches."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from packvlm.atomic import write_arrow_atomic, write_json_atomic
-from prep.outputs import claim_output_dir
+from prep.outputs import claim_output_dir, file_fingerprint
 from prep.run import ExecutorConfig, run_tasks
 from prep.sources.records import Chunk, plan_chunks
 from schemas.dataset_config import DatasetSpec, load_dataset_config, spec_to_json
@@ -56,7 +56,7 @@ class TokenizeConfig:
     verify_fraction: float = 0.0
     seed: int = 0
     rows_per_chunk: int = 512
-    max_error_rate: float = 1.0
+    max_error_rate: float = 0.05  # per dataset: a run that loses more fails (its outputs are kept)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def output_fields(self) -> dict[str, Any]:
@@ -122,12 +122,23 @@ def _write_part(folder: Path, index: int, table: pa.Table, metadata: dict[str, s
     write_arrow_atomic(folder / part_name(index), table)
 
 
-def _prepare_output(config: TokenizeConfig) -> Path:
-    out = Path(config.output_dir)
-    claim_output_dir(
-        out, config.output_fields(), (SAMPLES_DIR, ERRORS_DIR), f"prep {Stage.TOKENIZE}", OutputDirConflict
-    )
-    return out
+def run_identity(config: TokenizeConfig, specs: list[DatasetSpec], processor: ProcessorIdentity) -> dict[str, Any]:
+    """What a run's output depends on, by content: a rerun resumes only when all of it is equal.
+
+    The processor is its class + files' sha256 (not the path given), the dataset config its
+    sha256, each data file its size + head/tail hash; paths are resolved, so equivalent
+    spellings resume while a changed file or another processor at the same path is refused.
+    """
+    options = {k: v for k, v in config.output_fields().items() if k not in ("processor", "dataset_config")}
+    return {
+        "options": options,
+        "processor": {"class": processor.class_name, "sha256": processor.sha256},
+        "dataset_config": {
+            "path": str(Path(config.dataset_config).resolve()),
+            **file_fingerprint(config.dataset_config),
+        },
+        "data_files": {spec.name: file_fingerprint(spec.file_name) for spec in specs},
+    }
 
 
 def _done(out: Path, chunk: Chunk) -> bool:
@@ -145,8 +156,16 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
     from prep.tokenize.summary import summarize_output
 
     specs = load_dataset_config(config.dataset_config, list(config.datasets) or None)
+    processor = _processor_identity(config.processor)  # loadable before anything is written
     chunks = plan_chunks(specs, rows_per_chunk=config.rows_per_chunk, seed=config.seed)
-    out = _prepare_output(config)
+    out = Path(config.output_dir)
+    claim_output_dir(
+        out,
+        run_identity(config, specs, processor),
+        (SAMPLES_DIR, ERRORS_DIR),
+        f"prep {Stage.TOKENIZE}",
+        OutputDirConflict,
+    )
     pending = [c for c in chunks if not _done(out, c)]
     log.info(
         "tokenize: %d chunks, %d already done, %d to run (%s executor)",
@@ -170,7 +189,7 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
     manifest = TokenizeManifest.create(
         config=config.output_fields(),
         datasets=tuple(spec_to_json(s) for s in specs),
-        processor=_processor_identity(config.processor),
+        processor=processor,
         inputs=TokenizeInputs(records=sum(len(c.copies) for c in chunks), rows_used=expected, chunks=len(chunks)),
         rows=summary.rows,
         per_dataset=summary.per_dataset,
@@ -179,12 +198,29 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
         verify=summary.verify,
     )
     write_json_atomic(out / MANIFEST_FILE, manifest.to_json())
-    rate = summary.rows.errors / expected if expected else 0.0
-    if rate > config.max_error_rate:
-        raise ErrorRateExceeded(
-            f"error rate {rate:.2%} > --max-error-rate {config.max_error_rate:.2%}; see {out / ERRORS_DIR}"
-        )
+    check_error_budget(manifest, config.max_error_rate, out)
     return manifest
+
+
+def check_error_budget(manifest: TokenizeManifest, max_error_rate: float, out: Path) -> None:
+    """Fail when any dataset lost more than ``max_error_rate`` of its rows (or yielded no sample).
+
+    Raises:
+        ErrorRateExceeded: Names each dataset over budget with its rate and the counts by reason.
+    """
+    over = []
+    for name, rows in manifest.per_dataset.items():
+        total = rows.samples + rows.errors
+        rate = rows.errors / total if total else 0.0
+        if rate > max_error_rate or (total and not rows.samples and max_error_rate < 1.0):
+            over.append(f"{name} {rows.errors:,}/{total:,} rows ({rate:.1%})")
+    if over:
+        reasons = ", ".join(f"{reason} {count:,}" for reason, count in manifest.errors_by_reason.items())
+        raise ErrorRateExceeded(
+            f"error rate over --max-error-rate {max_error_rate:.1%}: {'; '.join(over)}; by reason: {reasons}. "
+            f"Outputs are kept in {out}: see why with `prep errors {out}`; fix the data or raise --max-error-rate "
+            "(rerunning with only that change resumes)"
+        )
 
 
 def _processor_identity(path: str) -> ProcessorIdentity:

@@ -17,7 +17,7 @@ ROOT = Path("/tmp/packvlm-golden")
 COMMANDS = (
     "prep example ./data",
     "prep tokenize --dataset-config ./data/dataset_info.json --processor ./data/processor"
-    " --output ./tok --executor local --verify-fraction 0.3",
+    " --output ./tok --executor local --verify-fraction 0.3 --max-error-rate 1",
     "prep pack ./tok --output ./packed --pack-size 4096 --executor local",
     "prep pack ./tok --output ./packed8 --pack-size 2048 --pad-to-multiple-of 8 --shard-size 1packs --executor local",
 )

@@ -217,6 +217,7 @@ def private_example(tmp_path: Path) -> tuple[Path, Path]:
             processor=str(root / "processor"),
             output_dir=str(tok),
             executor=LOCAL,
+            max_error_rate=1.0,  # the example has deliberately bad rows
         )
     )
     return root, tok

@@ -40,7 +40,7 @@ def tokenized(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     """`prep tokenize` of the example, local executor, 8 records per part."""
     out = tmp_path_factory.mktemp("stats") / "tok"
     args = ["--dataset-config", str(example_dir / "dataset_info.json"), "--processor", str(example_dir / "processor")]
-    args += ["--output", str(out), "--rows-per-chunk", "8", "--executor", "local"]
+    args += ["--output", str(out), "--rows-per-chunk", "8", "--executor", "local", "--max-error-rate", "1"]
     result = CliRunner().invoke(main, ["tokenize", *args])
     assert result.exit_code == 0, result.output + repr(result.exception)
     return out
