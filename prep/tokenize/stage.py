@@ -224,7 +224,14 @@ def check_error_budget(manifest: TokenizeManifest, max_error_rate: float, out: P
 
 
 def _processor_identity(path: str) -> ProcessorIdentity:
-    from prep.tokenize.processor import load_processor
+    """Load the processor once here, so a wrong ``--processor`` is one message before any output."""
+    from prep.tokenize.processor import ProcessorLoadError, load_processor
 
-    raw = load_processor(path).identity()
+    try:
+        raw = load_processor(path).identity()
+    except ProcessorLoadError:
+        raise
+    except (OSError, ValueError) as exc:  # hub ids that do not exist, unreachable hub, broken files
+        hint = "" if Path(path).exists() else " (no such local directory, and not a loadable hub id)"
+        raise ProcessorLoadError(f"--processor {path!r} does not load{hint}: {str(exc).splitlines()[0]}") from exc
     return ProcessorIdentity(class_name=raw["class"], sha256=raw["sha256"], source=raw["source"])
