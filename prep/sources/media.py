@@ -175,4 +175,3 @@ def video_meta(ref: MediaRef) -> VideoMeta:
     if num_frames <= 0 or fps <= 0 or width <= 0 or height <= 0:
         raise MediaError(Reason.BAD_VIDEO, f"{uri}: missing frame count/fps/size in container")
     return VideoMeta(num_frames=num_frames, fps=fps, width=width, height=height)
-
