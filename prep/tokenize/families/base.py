@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from prep.sources.conversation import MediaKind
 from prep.sources.media import VideoMeta
 from prep.tokenize.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
@@ -26,7 +27,7 @@ class MediaRejected(ValueError):
 class MediaCount:
     """One media item as the processor sees it."""
 
-    kind: str  # "image" | "video"
+    kind: MediaKind
     grid_t: int
     grid_h: int
     grid_w: int
