@@ -246,11 +246,28 @@ class PlanFile:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PackSplit:
+    """One split of the plan: packs [first_pack, first_pack + packs) in shards [first_shard, first_shard + shards)."""
+
+    name: str  # "train" | "val" | "test" (schemas.splits.SPLIT_NAMES)
+    ratio: float  # as requested (--split-ratio, not normalised); 1, 0, 0 when none was given
+    packs: int
+    samples: int
+    first_pack: int
+    first_shard: int
+    shards: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PackManifest(Manifest):
-    """``manifest.json`` of a `prep pack` output (version 2: shards are in ``shards.json``)."""
+    """``manifest.json`` of a `prep pack` output.
+
+    Version 2: shards are in ``shards.json``. Version 3 adds ``splits`` (train, val, test in
+    plan order); a version-2 manifest is read as everything in train.
+    """
 
     STAGE: ClassVar[Stage] = Stage.PACK
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
 
     config: dict[str, Any]  # the options the output depends on
     pack_size: int
@@ -260,6 +277,24 @@ class PackManifest(Manifest):
     packs: PackStatistics
     oversize: tuple[OversizeSample, ...]
     plan: PlanFile
+    splits: tuple[PackSplit, ...]  # train, val, test, in this order; empty splits included
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> PackManifest:
+        """Read versions 3 and 2 (no splits: every pack in train)."""
+        if isinstance(raw, dict) and raw.get("stage") == cls.STAGE.value and raw.get("schema_version") == 2:
+            raw = {**raw, "schema_version": cls.VERSION, "splits": _all_train_splits(raw)}
+        return super(PackManifest, cls).from_json(raw, where)
+
+
+def _all_train_splits(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``splits`` of a version-2 pack manifest: every pack and shard in train."""
+    plan = raw["plan"] if isinstance(raw.get("plan"), dict) else {}
+    samples = raw["samples"] if isinstance(raw.get("samples"), dict) else {}
+    packs, shards = plan.get("num_packs", 0), plan.get("num_shards", 0)
+    train = {"ratio": 1.0, "packs": packs, "samples": samples.get("packed", 0), "first_pack": 0, "first_shard": 0}
+    empty = {"ratio": 0.0, "packs": 0, "samples": 0, "first_pack": packs, "first_shard": shards, "shards": 0}
+    return [{"name": "train", **train, "shards": shards}, {"name": "val", **empty}, {"name": "test", **empty}]
 
 
 # --- prep shards -------------------------------------------------------------------------

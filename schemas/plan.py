@@ -12,6 +12,11 @@ pack order, packs in key order::
 
 ``input`` indexes `PackPlan.inputs`, ``part`` that input's ``parts``; ``row`` is the row in
 the part. Oversize samples are not in the plan (the pack manifest reports them).
+
+Splits (version 2): packs are assigned to train, val, test in plan order and no shard spans
+two splits; ``shard_splits[s]`` names shard s's split. With 5 packs, ``--split-ratio
+0.8,0.2,0`` and 2-pack shards: ``shard_offsets (0, 2, 4, 5)``, ``shard_splits ("train",
+"train", "val")``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import pyarrow as pa
 
 from schemas.codec import ManifestFormatError, from_json, to_json
 from schemas.manifest import ManifestError, ManifestVersionError
+from schemas.splits import SPLIT_NAMES
 
 PLAN_FILE = "plan.arrow"
 PLAN_METADATA_KEY = b"packvlm.plan"
@@ -62,13 +68,14 @@ class PlanInput:
 class PackPlan:
     """The plan header; rows are in the table."""
 
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     version: int
     pack_size: int
     pad_to_multiple_of: int
     num_packs: int
     shard_offsets: tuple[int, ...]  # shard s holds packs [shard_offsets[s], shard_offsets[s+1])
+    shard_splits: tuple[str, ...]  # shard s belongs to split shard_splits[s] (schemas.splits.SPLIT_NAMES)
     inputs: tuple[PlanInput, ...]
 
     @property
@@ -86,9 +93,12 @@ class PackPlan:
                 f"{where}: plan version {version!r}, this packvlm reads version {cls.VERSION}; rerun `prep pack`"
             )
         try:
-            return from_json(cls, raw, where)
+            plan = from_json(cls, raw, where)
         except ManifestFormatError as exc:
             raise PlanError(f"malformed plan: {exc}") from exc
+        if len(plan.shard_splits) != plan.num_shards or not set(plan.shard_splits) <= set(SPLIT_NAMES):
+            raise PlanError(f"malformed plan: {where}: shard_splits must name one of {SPLIT_NAMES} per shard")
+        return plan
 
 
 def slot_tokens(num_tokens: Any, pad_to_multiple_of: int) -> Any:

@@ -8,6 +8,7 @@ from prep.cli_options import default_of, executor_options
 from prep.pack.shard_cut import ShardSize, ShardSizeError, parse_shard_size
 from prep.pack.stage import OVERSIZE_POLICIES, PackConfig
 from prep.run import ExecutorConfig
+from schemas.splits import SplitRatio, SplitRatioError, parse_split_ratio
 
 
 class ShardSizeType(click.ParamType):
@@ -21,6 +22,20 @@ class ShardSizeType(click.ParamType):
         try:
             return parse_shard_size(str(value))
         except ShardSizeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class SplitRatioType(click.ParamType):
+    """``train,val,test`` like ``0.98,0.02,0``, parsed once into three floats."""
+
+    name = "train,val,test"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> SplitRatio:
+        if isinstance(value, tuple):
+            return value  # already parsed (a default)
+        try:
+            return parse_split_ratio(str(value))
+        except SplitRatioError as exc:
             self.fail(str(exc), param, ctx)
 
 
@@ -74,6 +89,13 @@ def _default(name: str) -> object:
     default=str(_default("shard_size")),
     show_default=True,
     help="Target shard size: bytes (512MB, 1GiB) or packs (1000packs).",
+)
+@click.option(
+    "--split-ratio",
+    type=SplitRatioType(),
+    default=_default("split_ratio"),
+    help="train,val,test share of packs, e.g. 0.98,0.02,0: packs split in plan order, shards cut at split "
+    "boundaries (default: every pack in train).",
 )
 @click.option("--plan-only", is_flag=True, help="Write plan.arrow and the manifest; run `prep shards` later.")
 @executor_options

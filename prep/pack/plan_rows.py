@@ -17,7 +17,11 @@ def _global_ids(cols: SampleColumns) -> pa.Array:
 
 
 def build_plan(
-    assignment: PackAssignment, cols: SampleColumns, inputs: list[TokenizedInput], shard_offsets: np.ndarray
+    assignment: PackAssignment,
+    cols: SampleColumns,
+    inputs: list[TokenizedInput],
+    shard_offsets: np.ndarray,
+    shard_splits: tuple[str, ...],
 ) -> pa.Table:
     """One row per packed sample in pack order, packs in key order, with the header attached."""
     items = assignment.item_order
@@ -29,6 +33,7 @@ def build_plan(
         pad_to_multiple_of=assignment.pad_to_multiple_of,
         num_packs=assignment.num_packs,
         shard_offsets=tuple(int(o) for o in shard_offsets),
+        shard_splits=shard_splits,
         inputs=tuple(
             PlanInput(path=i.root, manifest_sha256=i.manifest_sha256, parts=i.parts, part_rows=i.part_rows)
             for i in inputs

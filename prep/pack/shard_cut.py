@@ -7,6 +7,10 @@ one pack, so none is empty.
 
 Example: estimated pack bytes [300, 300, 300, 300, 300], shard size 700 bytes ->
 offsets [0, 2, 4, 5]: shards of packs [0, 1], [2, 3], [4].
+
+With splits (`cut_split_shards`), cutting restarts at each split boundary so no shard spans
+two splits: the same packs with splits train = packs [0, 3), val = [3, 5) -> offsets
+[0, 2, 3, 5], shard splits (train, train, val).
 """
 
 from __future__ import annotations
@@ -108,3 +112,17 @@ def cut_shards(pack_bytes: np.ndarray, size: ShardSize) -> np.ndarray:
     if n:
         offsets.append(n)
     return np.asarray(offsets, np.int64)
+
+
+def cut_split_shards(
+    pack_bytes: np.ndarray, size: ShardSize, split_offsets: tuple[int, ...], split_names: tuple[str, ...]
+) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Shard offsets cut within each split (packs [split_offsets[i], split_offsets[i+1]) are split i),
+    and the split of every shard; an empty split has no shard. One split gives `cut_shards` exactly."""
+    offsets, names = [np.zeros(1, np.int64)], []
+    for name, first, end in zip(split_names, split_offsets, split_offsets[1:]):
+        if end > first:
+            cut = cut_shards(pack_bytes[first:end], size)[1:] + first
+            offsets.append(cut)
+            names += [name] * int(cut.size)
+    return np.concatenate(offsets), tuple(names)

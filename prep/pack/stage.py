@@ -7,9 +7,10 @@ columns are read. Outputs, in ``OUT`` (:mod:`schemas.packed`): ``plan.arrow``
 (`prep pack` runs it next by default).
 
 Invariants: every tokenized sample is in exactly one pack or in the oversize report
-(`verify_plan`); no pack's slots exceed ``pack_size``; files are written via temp + rename,
-plan first, manifest last, so a rerun after a kill resumes; ``OUT`` never mixes runs with
-other options.
+(`verify_plan`); no pack's slots exceed ``pack_size``; packs go to train, val, test in plan
+order by ``split_ratio`` (`schemas.splits.split_pack_counts`) and no shard spans two splits;
+files are written via temp + rename, plan first, manifest last, so a rerun after a kill
+resumes; ``OUT`` never mixes runs with other options.
 
 Worked example, pack_size=1024, shard_size=2packs, lengths of samples a..e::
 
@@ -17,6 +18,9 @@ Worked example, pack_size=1024, shard_size=2packs, lengths of samples a..e::
     plan (BFD):  [a, d] [b, c], order shuffled by seed    oversize = [e]
     plan.arrow:  pack 0 = (b, c), pack 1 = (a, d), both in shard 0  (say)
     report:      packs 2, LB2 2, efficiency 2000/2048 = 97.7 %, oversize e (2000 tokens)
+
+With ``split_ratio=(0.5, 0.5, 0)`` the same plan puts pack 0 in train (shard 0) and pack 1 in
+val (shard 1): shards are cut again at the split boundary.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from prep.pack.assignment import PackAssignment
 from prep.pack.core import plan_packs
 from prep.pack.inputs import SampleColumns, TokenizedInput, check_same_processor, load_columns, load_input
 from prep.pack.plan_rows import build_plan
-from prep.pack.shard_cut import ShardSize, cut_shards, estimate_pack_bytes, parse_shard_size
+from prep.pack.shard_cut import ShardSize, cut_split_shards, estimate_pack_bytes, parse_shard_size
 from prep.pack.stats import pack_statistics, write_pack_table
 from prep.pack.verify import verify_plan
 from schemas.codec import to_json
@@ -43,12 +47,14 @@ from schemas.manifest import (
     OversizeSample,
     PackManifest,
     PackSampleCounts,
+    PackSplit,
     PlanFile,
     file_sha256,
     read_manifest,
 )
 from schemas.packed import PACK_STATS_FILE, SHARDS_DIR
 from schemas.plan import PLAN_FILE
+from schemas.splits import SPLIT_NAMES, SplitRatio, split_offsets, split_pack_counts
 from schemas.stages import Stage
 
 log = logging.getLogger(__name__)
@@ -78,6 +84,7 @@ class PackConfig:
     balance_media: bool = False
     media_group_size: int = 8
     shard_size: ShardSize = parse_shard_size("512MB")
+    split_ratio: SplitRatio | None = None  # train, val, test; None = every pack in train
 
     def output_fields(self) -> dict[str, Any]:
         """The options the output depends on (manifest and resume check)."""
@@ -113,14 +120,37 @@ def _oversize_report(assignment: PackAssignment, cols: SampleColumns) -> tuple[O
     return tuple(report)
 
 
-def _shard_offsets(size: ShardSize, assignment: PackAssignment, cols: SampleColumns) -> np.ndarray:
-    """Cut the pack order into shards from sizes known before writing (tokenize recorded media bytes)."""
+def _shard_offsets(
+    size: ShardSize, assignment: PackAssignment, cols: SampleColumns, splits: tuple[int, ...]
+) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Cut each split's run of the pack order into shards, from sizes known before writing
+    (tokenize recorded media bytes); returns the shard offsets and each shard's split."""
     if size.max_packs is not None:
-        return cut_shards(np.zeros(assignment.num_packs, np.int64), size)
-    pack_bytes = estimate_pack_bytes(
-        assignment.pack_offsets, assignment.item_order, cols.num_tokens, cols.media_bytes, cols.media_count
+        pack_bytes = np.zeros(assignment.num_packs, np.int64)
+    else:
+        pack_bytes = estimate_pack_bytes(
+            assignment.pack_offsets, assignment.item_order, cols.num_tokens, cols.media_bytes, cols.media_count
+        )
+    return cut_split_shards(pack_bytes, size, splits, SPLIT_NAMES)
+
+
+def _split_records(
+    ratio: SplitRatio, splits: tuple[int, ...], shard_offsets: np.ndarray, pack_offsets: np.ndarray
+) -> tuple[PackSplit, ...]:
+    """The manifest's splits: packs, samples and shards of train, val, test."""
+    first_shards = np.searchsorted(shard_offsets, np.asarray(splits, np.int64)).tolist()
+    return tuple(
+        PackSplit(
+            name=name,
+            ratio=float(ratio[i]),
+            packs=splits[i + 1] - splits[i],
+            samples=int(pack_offsets[splits[i + 1]] - pack_offsets[splits[i]]),
+            first_pack=splits[i],
+            first_shard=int(first_shards[i]),
+            shards=int(first_shards[i + 1] - first_shards[i]),
+        )
+        for i, name in enumerate(SPLIT_NAMES)
     )
-    return cut_shards(pack_bytes, size)
 
 
 def _finished(out: Path) -> PackManifest | None:
@@ -163,8 +193,10 @@ def run_pack(config: PackConfig) -> PackManifest:
             f"{len(oversize)} samples exceed --pack-size {config.pack_size}: {ids}; raise --pack-size or use "
             "--oversize drop"
         )
-    offsets = _shard_offsets(config.shard_size, assignment, cols)
-    write_arrow_atomic(out / PLAN_FILE, build_plan(assignment, cols, inputs, offsets))
+    ratio = config.split_ratio or (1.0, 0.0, 0.0)
+    splits = split_offsets(split_pack_counts(ratio, assignment.num_packs))
+    offsets, shard_splits = _shard_offsets(config.shard_size, assignment, cols, splits)
+    write_arrow_atomic(out / PLAN_FILE, build_plan(assignment, cols, inputs, offsets, shard_splits))
     write_pack_table(out / PACK_STATS_FILE, assignment, offsets, cols.num_tokens, cols.media_count)
     manifest = PackManifest.create(
         config=fingerprint["config"],
@@ -182,6 +214,7 @@ def run_pack(config: PackConfig) -> PackManifest:
             num_packs=assignment.num_packs,
             num_shards=int(offsets.size - 1),
         ),
+        splits=_split_records(ratio, splits, offsets, assignment.pack_offsets),
     )
     write_json_atomic(out / MANIFEST_FILE, manifest.to_json())
     log.info("pack: %d packs in %d shards planned", assignment.num_packs, offsets.size - 1)

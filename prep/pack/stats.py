@@ -15,7 +15,7 @@ import pyarrow as pa
 from packvlm.atomic import write_arrow_atomic
 from prep.pack.assignment import PackAssignment
 from prep.pack.bounds import lower_bound_l1
-from schemas.manifest import PackManifest, PackStatistics, ShardsManifest
+from schemas.manifest import PackManifest, PackSplit, PackStatistics, ShardsManifest
 from schemas.packed import PACK_STATS_SCHEMA
 
 FILL_BINS = 10
@@ -77,6 +77,14 @@ def write_pack_table(
     write_arrow_atomic(path, table)
 
 
+def format_splits(splits: tuple[PackSplit, ...]) -> str:
+    """``train 9 packs in 3 shards, val 1 pack in 1 shard`` (splits empty and not asked for left out)."""
+    shown = [s for s in splits if s.packs or s.ratio > 0]
+    return ", ".join(
+        f"{s.name} {s.packs:,} pack{'s' * (s.packs != 1)} in {s.shards:,} shard{'s' * (s.shards != 1)}" for s in shown
+    )
+
+
 def format_summary(manifest: PackManifest, shards: ShardsManifest | None, output_dir: str) -> str:
     """Human-readable end-of-run report of a pack run (and of its shards when written)."""
     s, p = manifest.samples, manifest.packs
@@ -85,6 +93,7 @@ def format_summary(manifest: PackManifest, shards: ShardsManifest | None, output
         f"samples: {s.total:,} tokenized = {s.packed:,} packed + {s.oversize:,} oversize (dropped)",
         f"packs: {p.packs:,} (LB2 {p.lb2:,}, +{gap}); efficiency {p.efficiency:.2%} of "
         f"{p.pack_size:,}-token packs; {p.tokens:,} tokens, {p.pad_tokens:,} padding",
+        f"splits: {format_splits(manifest.splits)}",
         "fill: " + "  ".join(f"{k}:{v}" for k, v in p.fill_histogram.items() if v),
     ]
     if shards is not None:

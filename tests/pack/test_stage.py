@@ -26,6 +26,7 @@ from prep.run import LOCAL, ExecutorConfig
 from prep.shards.read import MediaVanishedError
 from prep.shards.readback import PackConservationError
 from schemas.layout import MANIFEST_FILE, SAMPLES_DIR
+from schemas.manifest import SHARDS_MANIFEST_FILE
 from schemas.tokenized import TokenizedPartError
 from tests.shards.oracles import (
     check_pack_against_tokenized,
@@ -138,7 +139,7 @@ def test_killed_run_resumes_to_identical_output(tok, tmp_path):
     killed_mid_run = proc.poll() is None
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert killed_mid_run and not (tmp_path / "killed" / MANIFEST_FILE).exists()
+    assert killed_mid_run and not (tmp_path / "killed" / SHARDS_MANIFEST_FILE).exists()  # killed mid-shards
     runner = CliRunner()
     assert runner.invoke(main, args(tmp_path / "killed")).exit_code == 0
     assert runner.invoke(main, args(tmp_path / "clean")).exit_code == 0
@@ -161,7 +162,7 @@ def test_output_dir_with_other_files_or_options_is_refused(packed, tok, tmp_path
     (other / "notes.txt").write_text("mine")
     with pytest.raises(PackOutputConflict, match="holds no `prep pack` run"):
         pack([tok], other)
-    with pytest.raises(PackOutputConflict, match="other options"):
+    with pytest.raises(PackOutputConflict, match="differs: config.seed: 0 -> 1"):
         pack([tok], out, seed=1)
 
 
