@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 import sys
-from typing import ClassVar
+from typing import ClassVar, NoReturn
 
 import click
 
@@ -46,7 +46,7 @@ class ErrorMappingGroup(click.Group):
             _fail(f"unexpected {type(exc).__name__}: {exc} (a bug or a system error; --debug shows the traceback)")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(1)
 

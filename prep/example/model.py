@@ -103,7 +103,8 @@ def tiny_model_config(family: str, processor_dir: str | Path) -> PretrainedConfi
     common = {**s["ids"], "tie_word_embeddings": True, "dtype": "float32"}
     if family == "qwen2_vl":
         rope = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 3, 3]}
-        vision: dict[str, Any] = {"depth": VISION_DEPTH, "embed_dim": VISION_HIDDEN, "num_heads": VISION_HEADS, "mlp_ratio": 2}
+        vision: dict[str, Any] = {"depth": VISION_DEPTH, "embed_dim": VISION_HIDDEN, "num_heads": VISION_HEADS}
+        vision["mlp_ratio"] = 2
         vision |= {"hidden_size": TEXT_HIDDEN, **patches}
         return Qwen2VLConfig(text_config=_text_config(s, rope), vision_config=vision, **common)
     if family == "qwen2_5_vl":

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prep.worker_errors import WorkerInputError
 from prep.shards.read import SampleRow, read_media
 from prep.shards.tar import Member
 from prep.sources.media import LmdbPool
+from prep.worker_errors import WorkerInputError
 from schemas.packed import (
     INPUT_IDS_MEMBER,
     LOSS_MASK_MEMBER,

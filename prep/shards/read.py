@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from prep.worker_errors import WorkerInputError
 from prep.sources.media import LmdbPool, MediaError, read_bytes
+from prep.worker_errors import WorkerInputError
 from schemas.media_ref import MediaRef
 from schemas.tokenized import TokenizedPartError, open_part
 
