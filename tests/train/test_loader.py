@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from schemas.manifest import PackManifest
 from train.batch import PackedBatch, concat_batches
 from train.dataset import TrainConfigError, open_packed_dataset
 from train.loader import LoaderConfig, loader_state, make_loader, restore_loader
@@ -138,7 +139,8 @@ def test_missing_shard(copy):
 def test_pack_manifest_of_another_version(copy):
     path = copy / "manifest.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": 1}))
-    with pytest.raises(TrainConfigError, match=r"pack manifest version 1, this packvlm reads version 2.*prep pack"):
+    expected = rf"pack manifest version 1, this packvlm reads version {PackManifest.VERSION}.*prep pack"
+    with pytest.raises(TrainConfigError, match=expected):
         open_packed_dataset(copy)
 
 
