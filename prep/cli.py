@@ -21,6 +21,7 @@ from prep.shards.core import PackOverflowError
 from prep.shards.read import MediaVanishedError
 from prep.shards.readback import PackConservationError
 from prep.stats.cli import stats_command
+from prep.tokenize.chunk import VerifyMismatch
 from prep.tokenize.cli import tokenize_command
 from prep.tokenize.processor import ProcessorLoadError
 from prep.tokenize.stage import ConservationError, ErrorRateExceeded, OutputDirConflict
@@ -48,6 +49,7 @@ RUN_FAILURES = (
     MediaVanishedError,
     PackOverflowError,
     EnergonVerifyError,
+    VerifyMismatch,
 )
 
 

@@ -23,12 +23,13 @@ from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import MediaCount
 from prep.tokenize.processor_path import ReferenceUnavailable, reference_input_ids
 from prep.tokenize.sample import TokenizedSample
+from prep.worker_errors import WorkerInputError
 from schemas.dataset_config import DatasetSpec
 from schemas.tokenized import ERRORS_SCHEMA, SAMPLES_SCHEMA, make_sample_id
 
 
-class VerifyMismatch(RuntimeError):
-    """Closed-form ids differ from the real processor's: a counter bug. Fails the run."""
+class VerifyMismatch(WorkerInputError):
+    """Closed-form ids differ from the real processor's: a counter bug. Fails the run (unwrapped from Ray)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
