@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prep.sources.errors import RecordError
-from schemas.dataset_config import DatasetSpec
+from schemas.dataset_config import ConfigError, DatasetSpec
 from schemas.reasons import Reason
 
 SCAN_BLOCK_BYTES = 1 << 22
@@ -173,8 +173,14 @@ def _is_jsonl(path: Path) -> bool:
 @functools.lru_cache(maxsize=2)
 def _load_json_array(path: Path) -> list[object]:
     """Whole-file JSON arrays are loaded once per process; use JSONL for large datasets."""
-    with open(path, encoding="utf-8") as fh:
-        value = json.load(fh)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"dataset file {str(path)!r} is not a valid JSON array ({exc}): truncated or corrupt; fix it, or "
+            "convert it to JSONL (one record per line), where a bad line becomes an error row"
+        ) from exc
     if not isinstance(value, list):
-        raise ValueError(f"{path}: a JSON dataset file must hold an array of records")
+        raise ConfigError(f"dataset file {str(path)!r}: a JSON dataset file must hold an array of records")
     return value

@@ -10,6 +10,7 @@ shapes token ids) goes into the manifest.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -58,6 +59,17 @@ class ProcessorBundle:
         return {"class": self.processor_class, "sha256": digest.hexdigest(), "source": self.source}
 
 
+@functools.cache
+def _warn_no_torchvision_once(path: str) -> None:
+    """One whole note per processor and process (transformers' own message is long and was cut)."""
+    log.warning(
+        "%s: the HF video processor needs torchvision, which is not installed; loading the tokenizer, chat "
+        "template and PIL image processor directly. Counting is unaffected; only video verification is off "
+        "(pip install torchvision to enable it).",
+        path,
+    )
+
+
 def load_processor(path: str) -> ProcessorBundle:
     """Load a processor by local path or hub id; fall back to pieces when torchvision is missing."""
     try:
@@ -65,12 +77,7 @@ def load_processor(path: str) -> ProcessorBundle:
     except (ImportError, ValueError, TypeError, AttributeError) as exc:
         if "torchvision" not in str(exc).lower() and "video" not in str(exc).lower():
             raise ProcessorLoadError(f"cannot load processor {path!r}: {exc}") from exc
-        log.warning(
-            "AutoProcessor(%s) failed without torchvision (%s); loading tokenizer, chat template "
-            "and PIL image processor directly. Counting is unaffected; video verification is off.",
-            path,
-            next((ln for ln in str(exc).splitlines() if ln.strip()), "")[:200],
-        )
+        _warn_no_torchvision_once(path)
         return _load_pieces(path)
     if not isinstance(processor, ProcessorMixin):
         raise ProcessorLoadError(f"{path!r} loads a {type(processor).__name__}, not a multimodal processor")

@@ -93,3 +93,13 @@ def test_error_budget_is_per_dataset_and_raising_it_resumes(tmp_path: Path) -> N
     result = _tokenize(example, out, None, "--max-error-rate", "1")
     assert result.exit_code == 0, result.output
     assert (out / RUN_FILE).read_text() == run_file  # the budget is not part of the run's identity
+
+
+def test_truncated_json_array_names_the_file(example: Path, tmp_path: Path) -> None:
+    config = json.loads((example / "dataset_info.json").read_text())
+    data = example / config["sharegpt_json"]["file_name"]
+    text = data.read_text()
+    data.write_text(text[: len(text) // 2])
+    result = _tokenize(example, tmp_path / "out", None, "--dataset", "sharegpt_json")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert str(data) in result.output and "not a valid JSON array" in result.output
