@@ -7,12 +7,17 @@ import click
 
 @click.command("energon-index")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--split-ratio", default=None, help="train,val,test shard ratio (default 1,0,0).")
+@click.option(
+    "--split-ratio",
+    default=None,
+    help="train,val,test share of packs, met at the nearest shard boundaries or refused when far off "
+    "(default: the split `prep pack --split-ratio` recorded; every pack in train without one).",
+)
 @click.option(
     "--split-pattern",
     "split_patterns",
     multiple=True,
-    help="SPLIT:REGEX on shard paths (repeatable); replaces --split-ratio.",
+    help="SPLIT:REGEX on shard paths (repeatable), passed to Energon as is; not with --split-ratio.",
 )
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Processes indexing shards.")
 @click.option("--verify", is_flag=True, help="Load the result with Energon and check every pack comes back once.")
@@ -27,6 +32,7 @@ def energon_index_command(
         parse_split_ratio,
         verify_dataset,
     )
+    from prep.energon.split import format_counts
 
     if split_ratio and split_patterns:
         raise EnergonIndexError("give --split-ratio or --split-pattern, not both")
@@ -36,15 +42,17 @@ def energon_index_command(
         split_patterns=parse_split_patterns(split_patterns) if split_patterns else None,
         workers=workers,
     )
-    counts = {name: sum(result.shard_counts[p] for p in parts) for name, parts in result.splits.items()}
+    counts = result.packs_per_split()
+    wanted = f" (wanted {format_counts(result.wanted)})" if result.wanted else ""
     click.echo(
         f"indexed {len(result.shard_counts)} shards, {sum(result.shard_counts.values()):,} packs: "
         + ", ".join(f"{k} {v:,}" for k, v in counts.items())
+        + wanted
     )
     if verify:
         loaded = verify_dataset(directory)
         click.echo(
-            "verified with Energon: " + ", ".join(f"{k} {v:,} packs" for k, v in loaded.items()) + ", each exactly once"
+            "verified with Energon: " + ", ".join(f"{k} {v:,}" for k, v in loaded.items()) + " packs, each exactly once"
         )
 
 

@@ -7,11 +7,19 @@ Outputs (Energon's own files, written by Energon's API): ``DIR/.nv-meta/{split.y
 ``DIR/.nv-meta/dataset.yaml`` declaring a ``CrudeWebdataset`` with our subflavors, in the
 form ``energon prepare --sample-type CrudeWebdataset`` writes.
 
-Invariants: only the shards ``shards.json`` lists are indexed (never stray temp files);
-``verify_dataset`` loads the result with ``get_train_dataset`` and requires every pack
-back exactly once, cooked without error.
+Splits (`prep.energon.split`): by default the split `prep pack --split-ratio` recorded
+(every pack in train without one), given to Energon as one shard-list pattern per split;
+``--split-ratio`` moves the split to the nearest shard boundaries and is refused when those
+are far from the ratio; ``--split-pattern`` is passed to Energon as is.
 
-Example: 3 shards, ``--split-ratio 1,0,0`` -> split.yaml ``train: [shards/shard-{000000..000002}.tar]``.
+Invariants: only the shards ``shards.json`` lists are indexed (never stray temp files);
+``verify_dataset`` loads every split with Energon's ``get_train_dataset`` /
+``get_val_dataset`` and requires every pack back exactly once, in the split the index
+names, cooked without error.
+
+Example: 3 shards packed with ``--split-ratio 0.8,0.2,0`` and recorded as train = shards 0-1,
+val = shard 2 -> split.yaml ``train: [shards/shard-{000000..000001}.tar]``, ``val:
+[shards/shard-000002.tar]``, ``test: []``.
 """
 
 from __future__ import annotations
@@ -27,18 +35,20 @@ from typing import Any
 import yaml
 
 from packvlm.atomic import write_bytes_atomic
+from prep.energon.split import ShardSplit, energon_patterns, nearest_split, recorded_split, refusal
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import PackManifest
 from schemas.packed import PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION, PackedOutput, read_packed_output
+from schemas.splits import SplitRatio, SplitRatioError
+from schemas.splits import parse_split_ratio as parse_ratio
 
 log = logging.getLogger(__name__)
 META_DIR = ".nv-meta"  # megatron.energon.flavors.webdataset.config.MAIN_FOLDER_NAME
 DATASET_YAML = "dataset.yaml"
-SPLIT_NAMES = ("train", "val", "test")
 
 
 class EnergonIndexError(RuntimeError):
-    """DIR is not a finished `prep pack` output, or a split option is unusable."""
+    """DIR is not a finished `prep pack` output, or a split option is unusable or cannot be honoured."""
 
 
 class EnergonVerifyError(RuntimeError):
@@ -51,17 +61,18 @@ class IndexResult:
 
     shard_counts: dict[str, int]
     splits: dict[str, list[str]]
+    wanted: tuple[int, ...] | None = None  # packs per split a --split-ratio asked for
+
+    def packs_per_split(self) -> dict[str, int]:
+        return {name: sum(self.shard_counts[p] for p in parts) for name, parts in self.splits.items()}
 
 
-def parse_split_ratio(text: str) -> list[tuple[str, float]]:
-    """``"0.9,0.1,0"`` -> [("train", 0.9), ("val", 0.1), ("test", 0.0)]."""
+def parse_split_ratio(text: str) -> SplitRatio:
+    """``"0.9,0.1,0"`` -> (0.9, 0.1, 0.0) (train, val, test)."""
     try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError as exc:
-        raise EnergonIndexError(f"--split-ratio {text!r}: use three numbers like 1,0,0") from exc
-    if len(values) != 3 or min(values) < 0 or values[0] <= 0:
-        raise EnergonIndexError(f"--split-ratio {text!r}: need train,val,test >= 0 with train > 0")
-    return list(zip(SPLIT_NAMES, values))
+        return parse_ratio(text)
+    except SplitRatioError as exc:
+        raise EnergonIndexError(str(exc)) from exc
 
 
 def parse_split_patterns(items: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -104,34 +115,58 @@ def dataset_definition(manifest: PackManifest) -> dict[str, Any]:
     }
 
 
+def choose_split(packed: PackedOutput, split_ratio: SplitRatio | None) -> ShardSplit:
+    """The recorded split, or the nearest shard-boundary split to ``split_ratio``.
+
+    Raises:
+        EnergonIndexError: The shards cannot honour ``split_ratio`` (`prep.energon.split.refusal`).
+    """
+    if split_ratio is None:
+        return recorded_split(packed.manifest)
+    split = nearest_split([s.packs for s in packed.shards.shards], split_ratio)
+    reason = refusal(split, split_ratio)
+    if reason is not None:
+        raise EnergonIndexError(reason)
+    return split
+
+
 def index_dataset(
     root: str | Path,
     *,
-    split_ratio: list[tuple[str, float]] | None = None,
+    split_ratio: SplitRatio | None = None,
     split_patterns: list[tuple[str, str]] | None = None,
     workers: int = 2,
 ) -> IndexResult:
-    """Index the shards with `BaseWebdatasetFactory.prepare_dataset` and write dataset.yaml."""
+    """Index the shards with `BaseWebdatasetFactory.prepare_dataset` and write dataset.yaml.
+
+    The split is ``split_patterns`` when given, else `choose_split` (checked before Energon
+    writes anything).
+    """
     from megatron.energon.flavors import BaseWebdatasetFactory
 
     root = Path(root).resolve()
     packed = read_packed_dir(root)
     shards = [s.name for s in packed.shards.shards]
-    if split_patterns is None:
-        split_ratio = split_ratio or [("train", 1.0), ("val", 0.0), ("test", 0.0)]
+    split: ShardSplit | None = None
+    if split_patterns:
+        patterns = split_patterns
+    else:
+        split = choose_split(packed, split_ratio)
+        patterns = energon_patterns(split.parts(shards))
     chatter = io.StringIO()
     with contextlib.redirect_stdout(chatter):  # Energon prints progress; keep our stdout ours
         BaseWebdatasetFactory.prepare_dataset(
-            root,
-            shards,
-            split_parts_ratio=None if split_patterns else split_ratio,
-            split_parts_patterns=split_patterns,
-            workers=max(1, min(workers, len(shards))),
+            root, shards, split_parts_patterns=patterns, workers=max(1, min(workers, len(shards)))
         )
     log.debug("energon prepare: %s", chatter.getvalue().strip())
     definition = yaml.dump(dataset_definition(packed.manifest), sort_keys=False)
     write_bytes_atomic(root / META_DIR / DATASET_YAML, definition.encode("utf-8"))
-    return read_index(root)
+    result = read_index(root)
+    if split is None:
+        return result
+    if result.splits != split.parts(shards):
+        raise EnergonVerifyError(f"Energon wrote split parts {result.splits}, expected {split.parts(shards)}")
+    return IndexResult(shard_counts=result.shard_counts, splits=result.splits, wanted=split.wanted)
 
 
 def read_index(root: Path) -> IndexResult:
@@ -149,28 +184,15 @@ def read_index(root: Path) -> IndexResult:
     return IndexResult(shard_counts=dict(info["shard_counts"]), splits=splits)
 
 
-def verify_dataset(root: str | Path, num_workers: int = 0) -> dict[str, int]:
-    """Load every non-empty split with Energon (repeat=False) and check each pack comes once.
-
-    Returns:
-        Packs loaded per split.
-
-    Raises:
-        EnergonVerifyError: A pack is missing, repeated or unknown.
-    """
-    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+def _load_keys(root: Path, split: str, num_workers: int) -> list[str]:
+    """Keys of one split as Energon loads it once: train via `get_train_dataset` (repeat=False,
+    no shuffle), other splits via `get_val_dataset`."""
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset, get_val_dataset
 
     from packvlm.energon import PackedTaskEncoder
 
-    root = Path(root).resolve()
-    expected = read_packed_dir(root).manifest.packs.packs
-    index = read_index(root)
-    loaded: Counter[str] = Counter()
-    per_split = {}
-    for split, parts in index.splits.items():
-        if not parts:
-            continue
-        worker_config = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+    worker_config = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+    if split == "train":
         ds = get_train_dataset(
             root,
             split_part=split,
@@ -181,7 +203,41 @@ def verify_dataset(root: str | Path, num_workers: int = 0) -> dict[str, int]:
             repeat=False,
             task_encoder=PackedTaskEncoder(),
         )
-        keys = [sample.__key__ for sample in get_loader(ds)]
+    else:
+        ds = get_val_dataset(
+            root,
+            split_part=split,
+            worker_config=worker_config,
+            batch_size=None,  # one pack per item, as for train
+            task_encoder=PackedTaskEncoder(),
+        )
+    return [sample.__key__ for sample in get_loader(ds)]
+
+
+def verify_dataset(root: str | Path, num_workers: int = 0) -> dict[str, int]:
+    """Load every non-empty split with Energon and check each pack comes once, in its split.
+
+    Returns:
+        Packs loaded per non-empty split.
+
+    Raises:
+        EnergonVerifyError: A pack is missing, repeated or unknown, or a split loads another
+            number of packs than its shards hold.
+    """
+    root = Path(root).resolve()
+    expected = read_packed_dir(root).manifest.packs.packs
+    index = read_index(root)
+    indexed = index.packs_per_split()
+    loaded: Counter[str] = Counter()
+    per_split = {}
+    for split, parts in index.splits.items():
+        if not parts:
+            continue
+        keys = _load_keys(root, split, num_workers)
+        if len(keys) != indexed[split]:
+            raise EnergonVerifyError(
+                f"Energon loaded {len(keys)} packs of split {split}, its shards hold {indexed[split]}"
+            )
         loaded.update(keys)
         per_split[split] = len(keys)
     repeated = [k for k, c in loaded.items() if c > 1]

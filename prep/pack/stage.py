@@ -180,19 +180,19 @@ def run_pack(config: PackConfig) -> PackManifest:
     inputs = _load_inputs(config)
     out = Path(config.output_dir)
     fingerprint = {"config": config.output_fields(), "inputs": to_json([i.pack_input() for i in inputs])}
-    claim_output_dir(out, fingerprint, (SHARDS_DIR,), f"prep {Stage.PACK}", PackOutputConflict)
-    done = _finished(out)
-    if done is not None:
-        return done
     cols = load_columns(inputs)
-    assignment = _assign(config, cols)
+    assignment = _assign(config, cols)  # planning reads length columns only: cheap, even on a resume
     oversize = _oversize_report(assignment, cols)
-    if oversize and config.oversize == "error":
+    if oversize and config.oversize == "error":  # before anything is written
         ids = ", ".join(f"{o.sample_id} ({o.num_tokens} tokens)" for o in oversize[:20])
         raise OversizeError(
             f"{len(oversize)} samples exceed --pack-size {config.pack_size}: {ids}; raise --pack-size or use "
             "--oversize drop"
         )
+    claim_output_dir(out, fingerprint, (SHARDS_DIR,), f"prep {Stage.PACK}", PackOutputConflict)
+    done = _finished(out)
+    if done is not None:
+        return done
     ratio = config.split_ratio or (1.0, 0.0, 0.0)
     splits = split_offsets(split_pack_counts(ratio, assignment.num_packs))
     offsets, shard_splits = _shard_offsets(config.shard_size, assignment, cols, splits)
