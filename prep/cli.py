@@ -14,7 +14,7 @@ from prep.example.cli import example_command
 from prep.pack.cli import pack_command
 from prep.pack.inputs import MixedProcessorsError
 from prep.pack.shard_cut import ShardSizeError
-from prep.pack.stage import OversizeError, PackOutputConflict
+from prep.pack.stage import OversizeError, PackOptionsError, PackOutputConflict
 from prep.pack.verify import PlanInvariantError
 from prep.shards.cli import shards_command
 from prep.shards.core import PackOverflowError
@@ -38,6 +38,7 @@ USAGE_ERRORS = (
     EnergonIndexError,
     MixedProcessorsError,
     ManifestError,
+    PackOptionsError,
 )
 RUN_FAILURES = (
     ErrorRateExceeded,

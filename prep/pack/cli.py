@@ -71,6 +71,13 @@ def _default(name: str) -> object:
     help="Samples longer than a pack: report and drop, or fail.",
 )
 @click.option(
+    "--max-oversize-rate",
+    type=click.FloatRange(0, 1),
+    default=_default("max_oversize_rate"),
+    show_default=True,
+    help="With --oversize drop: fail when more than this fraction of samples exceeds --pack-size.",
+)
+@click.option(
     "--balance-media",
     is_flag=True,
     default=_default("balance_media"),

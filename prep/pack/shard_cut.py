@@ -65,6 +65,8 @@ def parse_shard_size(text: str) -> ShardSize:
         if "." in number or int(number) < 1:
             raise ShardSizeError(f"--shard-size {text!r}: packs must be a whole number >= 1")
         return ShardSize(max_packs=int(number))
+    if unit == "":
+        raise ShardSizeError(f"--shard-size {text!r} needs a unit: bytes like {number}MB / {number}B, or {number}packs")
     if unit not in _UNITS:
         raise ShardSizeError(f"--shard-size {text!r}: unknown unit {unit!r}; use B, KB, MB, GB, KiB, MiB, GiB or packs")
     size = int(float(number) * _UNITS[unit])

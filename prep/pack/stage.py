@@ -66,6 +66,10 @@ class OversizeError(RuntimeError):
     """``--oversize error`` and some samples exceed the pack size."""
 
 
+class PackOptionsError(ValueError):
+    """Options that contradict each other or would drop every sample."""
+
+
 class PackOutputConflict(RuntimeError):
     """The output directory holds other files or a run with other options."""
 
@@ -81,6 +85,7 @@ class PackConfig:
     seed: int = 0
     pad_to_multiple_of: int = 1
     oversize: OversizePolicy = "drop"
+    max_oversize_rate: float = 0.01  # "drop" fails past this fraction of samples: data is never lost quietly
     balance_media: bool = False
     media_group_size: int = 8
     shard_size: ShardSize = parse_shard_size("512MB")
@@ -90,6 +95,7 @@ class PackConfig:
         """The options the output depends on (manifest and resume check)."""
         out = asdict(self)
         out.pop("output_dir")
+        out.pop("max_oversize_rate")  # a budget, not an output option: raising it after a refusal just runs
         out["inputs"] = [str(Path(p).resolve()) for p in self.inputs]
         out["shard_size"] = str(self.shard_size)
         return out
@@ -153,6 +159,43 @@ def _split_records(
     )
 
 
+def check_options(config: PackConfig) -> None:
+    """Options that would drop everything or contradict each other are usage errors.
+
+    Raises:
+        PackOptionsError: Names the options and what to change.
+    """
+    if config.pad_to_multiple_of > config.pack_size:
+        raise PackOptionsError(
+            f"--pad-to-multiple-of {config.pad_to_multiple_of} > --pack-size {config.pack_size}: every sample would "
+            "be oversize; use a multiple that divides the pack size"
+        )
+    if config.pack_size % config.pad_to_multiple_of:
+        raise PackOptionsError(
+            f"--pack-size {config.pack_size} is not a multiple of --pad-to-multiple-of {config.pad_to_multiple_of}: "
+            "the last slot rounding would waste the remainder of every pack"
+        )
+    if not 0.0 <= config.max_oversize_rate <= 1.0:
+        raise PackOptionsError(f"--max-oversize-rate {config.max_oversize_rate} must lie in [0, 1]")
+
+
+def _check_oversize(config: PackConfig, oversize: tuple[OversizeSample, ...], num_samples: int) -> None:
+    """``error``: any oversize sample fails; ``drop``: fails past ``max_oversize_rate`` of the samples."""
+    if not oversize:
+        return
+    rate = len(oversize) / num_samples
+    if config.oversize == "drop" and rate <= config.max_oversize_rate:
+        return
+    ids = ", ".join(f"{o.sample_id} ({o.num_tokens} tokens)" for o in oversize[:10])
+    more = f" and {len(oversize) - 10} more" if len(oversize) > 10 else ""
+    budget = "" if config.oversize == "error" else f" > --max-oversize-rate {config.max_oversize_rate:.1%}"
+    raise OversizeError(
+        f"{len(oversize)} of {num_samples} samples ({rate:.1%}){budget} exceed --pack-size {config.pack_size}: "
+        f"{ids}{more}; raise --pack-size, cut them at tokenize time (--max-length), or accept dropping them "
+        "(--oversize drop --max-oversize-rate R); nothing was written"
+    )
+
+
 def _finished(out: Path) -> PackManifest | None:
     """The manifest of a finished plan in ``out`` (same options, checked by the claim), if intact."""
     if not (out / MANIFEST_FILE).is_file() or not (out / PLAN_FILE).is_file():
@@ -177,18 +220,14 @@ def run_pack(config: PackConfig) -> PackManifest:
         OversizeError: ``oversize="error"`` and a sample's slot exceeds the pack size.
         ManifestError, TokenizedPartError: An input is not a complete `prep tokenize` output.
     """
+    check_options(config)
     inputs = _load_inputs(config)
     out = Path(config.output_dir)
     fingerprint = {"config": config.output_fields(), "inputs": to_json([i.pack_input() for i in inputs])}
     cols = load_columns(inputs)
     assignment = _assign(config, cols)  # planning reads length columns only: cheap, even on a resume
     oversize = _oversize_report(assignment, cols)
-    if oversize and config.oversize == "error":  # before anything is written
-        ids = ", ".join(f"{o.sample_id} ({o.num_tokens} tokens)" for o in oversize[:20])
-        raise OversizeError(
-            f"{len(oversize)} samples exceed --pack-size {config.pack_size}: {ids}; raise --pack-size or use "
-            "--oversize drop"
-        )
+    _check_oversize(config, oversize, int(cols.num_tokens.size))  # before anything is written
     claim_output_dir(out, fingerprint, (SHARDS_DIR,), f"prep {Stage.PACK}", PackOutputConflict)
     done = _finished(out)
     if done is not None:

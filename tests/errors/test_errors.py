@@ -41,6 +41,7 @@ def packed(tokenized: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`prep pack --plan-only` of the tokenized example: the manifest holds the oversize report."""
     out = tmp_path_factory.mktemp("errors") / "packed"
     args = [str(tokenized), "--output", str(out), "--pack-size", str(PACK_SIZE), "--oversize", "drop"]
+    args += ["--max-oversize-rate", "1"]
     result = CliRunner().invoke(main, ["pack", *args, "--plan-only", "--executor", "local"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     return out

@@ -83,14 +83,14 @@ def test_split_counts_examples():
 
 
 def test_cut_split_shards_restarts_at_each_split_and_equals_cut_shards_for_one_split():
-    size = parse_shard_size("700")
+    size = parse_shard_size("700B")
     pack_bytes = np.full(5, 300, np.int64)
     offsets, names = cut_split_shards(pack_bytes, size, (0, 3, 5, 5), SPLIT_NAMES)
     assert offsets.tolist() == [0, 2, 3, 5] and names == ("train", "train", "val")
     rng = np.random.default_rng(0)
     for _ in range(20):
         pack_bytes = rng.integers(1, 1000, rng.integers(0, 40))
-        for size in (parse_shard_size("1500"), parse_shard_size("3packs")):
+        for size in (parse_shard_size("1500B"), parse_shard_size("3packs")):
             offsets, names = cut_split_shards(
                 pack_bytes, size, (0, pack_bytes.size, pack_bytes.size, pack_bytes.size), SPLIT_NAMES
             )
@@ -132,6 +132,7 @@ def test_split_ratio_splits_packs_in_plan_order_and_no_shard_spans_two_splits(to
 def test_cli_split_ratio_summary_and_bad_ratios(tok, tmp_path):
     runner = CliRunner()
     args = ["pack", str(tok), "--pack-size", str(TEN_PACKS), "--shard-size", "3packs", "--executor", "local"]
+    args += ["--max-oversize-rate", "1"]
     result = runner.invoke(main, [*args, "--output", str(tmp_path / "a"), "--split-ratio", "0.98,0.02,0"])
     assert result.exit_code == 0, result.output
     assert "splits: train 9 packs in 3 shards, val 1 pack in 1 shard" in result.output

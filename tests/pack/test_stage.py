@@ -125,6 +125,8 @@ def test_killed_run_resumes_to_identical_output(tok, tmp_path):
             "1packs",
             "--executor",
             "local",
+            "--max-oversize-rate",
+            "1",
         ]
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
@@ -167,7 +169,7 @@ def test_output_dir_with_other_files_or_options_is_refused(packed, tok, tmp_path
 
 
 def test_oversize_error_names_samples(tok, tmp_path):
-    with pytest.raises(OversizeError, match=r"samples exceed --pack-size 1024: \S+:\d+:\d+ \(\d+ tokens\)"):
+    with pytest.raises(OversizeError, match=r"samples \(\S+%\) exceed --pack-size 1024: \S+:\d+:\d+ \(\d+ tokens\)"):
         pack([tok], tmp_path / "o", oversize="error")
     assert not (tmp_path / "o").exists()
 
@@ -257,6 +259,8 @@ def test_cli_pack_prints_the_numbers(tok, tmp_path):
             "local",
             "--shard-size",
             "10packs",
+            "--max-oversize-rate",
+            "1",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -283,6 +287,30 @@ def test_cli_pack_prints_the_numbers(tok, tmp_path):
         main, ["pack", str(tok), "--output", str(tmp_path / "b"), "--pack-size", "1024", "--shard-size", "12 apples"]
     )
     assert bad.exit_code == 2 and "--shard-size" in bad.output
+
+
+def test_defaults_never_drop_data_quietly(tok, tmp_path):
+    """Issue 10: --oversize drop fails past 1 % of samples; --pack-size 1 and a padding above the pack size
+    are refused; a bare --shard-size number is not silently bytes. Nothing is written by a refusal."""
+    rows = tokenized_rows(tok)
+    dropped = sum(r["num_tokens"] > 1024 for r in rows.values())
+    assert dropped / len(rows) > 0.01
+    base = ["pack", str(tok), "--executor", "local"]
+    cases = [
+        (["--pack-size", "1024"], 1, f"{dropped} of {len(rows)} samples"),
+        (["--pack-size", "1"], 1, "--max-oversize-rate 1.0%"),
+        (["--pack-size", "4096", "--pad-to-multiple-of", "8192"], 2, "--pad-to-multiple-of 8192 > --pack-size 4096"),
+        (["--pack-size", "4096", "--shard-size", "10"], 2, "needs a unit"),
+    ]
+    for k, (extra, code, message) in enumerate(cases):
+        out = tmp_path / f"o{k}"
+        result = CliRunner().invoke(main, [*base, "--output", str(out), *extra])
+        assert result.exit_code == code and message in result.output, (extra, result.output)
+        assert not out.exists()
+    result = CliRunner().invoke(
+        main, [*base, "--output", str(tmp_path / "ok"), "--pack-size", "1024", "--max-oversize-rate", "0.5"]
+    )
+    assert result.exit_code == 0 and f"{dropped:,} oversize (dropped)" in result.output
 
 
 @pytest.mark.ray

@@ -35,6 +35,7 @@ def tok(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _pack(tok: Path, out: Path, *extra: str) -> None:
     args = ["pack", str(tok), "--output", str(out), "--pack-size", "1024", "--shard-size", "3packs"]
+    args += ["--max-oversize-rate", "1"]
     result = CliRunner().invoke(main, [*args, "--executor", "local", *extra])
     assert result.exit_code == 0, result.output
 

@@ -49,7 +49,7 @@ def tokenized_dir(example_dir: Path, factory: pytest.TempPathFactory) -> Path:
 
 def pack(inputs: list[Path], out: Path, executor=LOCAL, **kw) -> dict:
     """`prep pack` (plan + shards) through the Python API; the pack manifest plus the shard list."""
-    options = {"pack_size": 1024, "shard_size": "4packs", **kw}
+    options = {"pack_size": 1024, "shard_size": "4packs", "max_oversize_rate": 1.0, **kw}
     options["shard_size"] = parse_shard_size(options["shard_size"])
     config = PackConfig(inputs=tuple(str(p) for p in inputs), output_dir=str(out), **options)
     manifest, shards = pack_and_shard(config, executor)

@@ -69,7 +69,7 @@ def test_iter_pack_metas_reads_only_json_members(tmp_path: Path):
     [
         ("512MB", ShardSize(max_bytes=512 * 10**6)),
         ("1GiB", ShardSize(max_bytes=2**30)),
-        ("4096", ShardSize(max_bytes=4096)),
+        ("4096B", ShardSize(max_bytes=4096)),
         ("1000packs", ShardSize(max_packs=1000)),
         ("1.5 kb", ShardSize(max_bytes=1500)),
     ],
@@ -78,7 +78,7 @@ def test_parse_shard_size(text: str, expected: ShardSize):
     assert parse_shard_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "12 apples", "0packs", "1.5packs", "0MB", "-3MB"])
+@pytest.mark.parametrize("text", ["", "12 apples", "0packs", "1.5packs", "0MB", "-3MB", "10"])
 def test_parse_shard_size_rejects(text: str):
     with pytest.raises(ShardSizeError):
         parse_shard_size(text)

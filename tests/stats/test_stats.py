@@ -51,7 +51,7 @@ def packed(tokenized: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`prep pack` (plan + shards) of the tokenized example, 4 packs per shard."""
     out = tmp_path_factory.mktemp("stats") / "packed"
     args = [str(tokenized), "--output", str(out), "--pack-size", str(PACK_SIZE), "--shard-size", "4packs"]
-    result = CliRunner().invoke(main, ["pack", *args, "--executor", "local"])
+    result = CliRunner().invoke(main, ["pack", *args, "--executor", "local", "--max-oversize-rate", "1"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     return out
 
