@@ -19,7 +19,8 @@ COMMANDS = (
     "prep tokenize --dataset-config ./data/dataset_info.json --processor ./data/processor"
     " --output ./tok --executor local --verify-fraction 0.3 --max-error-rate 1",
     "prep pack ./tok --output ./packed --pack-size 4096 --executor local --max-oversize-rate 1",
-    "prep pack ./tok --output ./packed8 --pack-size 2048 --pad-to-multiple-of 8 --shard-size 1packs --executor local",
+    "prep pack ./tok --output ./packed8 --pack-size 2048 --pad-to-multiple-of 8 --shard-size 1packs --executor local"
+    " --max-oversize-rate 1",
 )
 # Columns of the tokenized tables as of schema version 1; later versions may add columns.
 V1_COLUMNS = {
