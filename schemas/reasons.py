@@ -19,5 +19,6 @@ class Reason(str, Enum):
     CORRUPT_IMAGE = "corrupt_image"
     BAD_VIDEO = "bad_video"
     PROCESSOR_REJECTED = "processor_rejected"
+    UNSUPPORTED_MEDIA = "unsupported_media"  # the processor takes no media of this kind (e.g. Pixtral video)
     TEMPLATE_ERROR = "template_error"
     TOO_LONG = "too_long"

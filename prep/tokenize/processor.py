@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
+import importlib.util
 import json
 import logging
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import transformers
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, ProcessorMixin
-from transformers.utils import IMAGE_PROCESSOR_NAME, VIDEO_PROCESSOR_NAME, cached_file
+from transformers.utils import IMAGE_PROCESSOR_NAME, VIDEO_PROCESSOR_NAME, cached_file, is_torchvision_available
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,8 @@ class ProcessorBundle:
     chat_template: str
     processor: ProcessorMixin | None  # the real processor, if it could be built here
     loaded_via: str  # "AutoProcessor" or "pieces"
+    # processor_config.json's settings (e.g. Pixtral's patch_size, spatial_merge_size)
+    processor_config: dict[str, Any] = field(default_factory=dict)
 
     def token_id(self, default_token: str, attribute: str) -> int:
         """Id of a special token, preferring the tokenizer's own attribute (e.g. image_token)."""
@@ -56,6 +61,8 @@ class ProcessorBundle:
         digest.update(self.chat_template.encode("utf-8"))
         digest.update(self.image_processor.to_json_string().encode("utf-8"))
         digest.update(json.dumps(self.video_config, sort_keys=True, default=str).encode("utf-8"))
+        if self.processor_config:  # absent for Qwen: their identities stay as they were
+            digest.update(json.dumps(self.processor_config, sort_keys=True, default=str).encode("utf-8"))
         return {"class": self.processor_class, "sha256": digest.hexdigest(), "source": self.source}
 
 
@@ -91,6 +98,7 @@ def load_processor(path: str) -> ProcessorBundle:
         chat_template=_require_template(path, processor.chat_template or processor.tokenizer.chat_template),
         processor=processor,
         loaded_via="AutoProcessor",
+        processor_config=_processor_settings(ProcessorMixin.get_processor_dict(path)[0]),
     )
 
 
@@ -102,6 +110,7 @@ def _load_pieces(path: str) -> ProcessorBundle:
     video_config = _read_json(path, VIDEO_PROCESSOR_NAME) or image_config
     processor_class = processor_dict.get("processor_class") or image_config.get("processor_class") or ""
     template = _require_template(path, processor_dict.get("chat_template") or tokenizer.chat_template)
+    settings = _processor_settings(processor_dict)
     return ProcessorBundle(
         source=str(path),
         processor_class=processor_class,
@@ -109,14 +118,63 @@ def _load_pieces(path: str) -> ProcessorBundle:
         image_processor=image_processor,
         video_config=video_config,
         chat_template=template,
-        processor=_image_only_processor(processor_class, image_processor, tokenizer, template),
+        processor=_image_only_processor(processor_class, image_processor, tokenizer, template, settings),
         loaded_via="pieces",
+        processor_config=settings,
     )
 
 
-def _image_only_processor(cls_name: str, image_processor: Any, tokenizer: Any, template: str) -> Any:
-    """The real processor class without its video processor: exact for image/text samples."""
+def _processor_settings(processor_dict: dict[str, Any]) -> dict[str, Any]:
+    """processor_config.json's own settings (the chat template and class name are kept elsewhere)."""
+    return {k: v for k, v in processor_dict.items() if k not in ("chat_template", "processor_class")}
+
+
+# Processor modules that import a torchvision module only for a function its PIL twin defines
+# identically: loaded with the PIL module standing in (PixtralProcessor uses only
+# get_resize_output_image_size from image_processing_pixtral, in _get_num_multimodal_tokens).
+_TORCHVISION_FREE = {
+    "PixtralProcessor": (
+        "transformers.models.pixtral.processing_pixtral",
+        {
+            "transformers.models.pixtral.image_processing_pixtral": (
+                "transformers.models.pixtral.image_processing_pil_pixtral"
+            )
+        },
+    ),
+}
+
+
+def _processor_class(cls_name: str) -> Any:
+    """The processor class by name; a torchvision-gated one listed above is imported without torchvision."""
     cls = getattr(transformers, cls_name, None)
+    if cls_name not in _TORCHVISION_FREE or is_torchvision_available():
+        return cls
+    module_name, stand_ins = _TORCHVISION_FREE[cls_name]
+    module = sys.modules.get(module_name)
+    if module is None or not hasattr(module, cls_name):
+        saved = {name: sys.modules.get(name) for name in stand_ins}
+        sys.modules.update({name: importlib.import_module(pil) for name, pil in stand_ins.items()})
+        try:
+            spec = importlib.util.find_spec(module_name)
+            if spec is None or spec.loader is None:
+                return cls
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module  # auto_docstring looks the class's module up there
+            spec.loader.exec_module(module)
+        finally:
+            for name, old in saved.items():
+                if old is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = old
+    return getattr(module, cls_name)
+
+
+def _image_only_processor(
+    cls_name: str, image_processor: Any, tokenizer: Any, template: str, settings: dict[str, Any]
+) -> Any:
+    """The real processor class without its video processor: exact for image/text samples."""
+    cls = _processor_class(cls_name)
     if cls is None:
         return None
 
@@ -130,7 +188,11 @@ def _image_only_processor(cls_name: str, image_processor: Any, tokenizer: Any, t
 
     try:
         return ImageOnly(
-            image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=template
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=None,
+            chat_template=template,
+            **settings,
         )
     except (TypeError, ValueError, ImportError) as exc:
         log.warning("cannot build %s without a video processor (%s); verification is off", cls_name, exc)
