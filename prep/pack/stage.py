@@ -33,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 
 from packvlm.atomic import write_arrow_atomic, write_json_atomic
+from packvlm.faults import crash_point
 from prep.outputs import claim_output_dir
 from prep.pack.assignment import PackAssignment
 from prep.pack.core import plan_packs
@@ -255,6 +256,7 @@ def run_pack(config: PackConfig) -> PackManifest:
         ),
         splits=_split_records(ratio, splits, offsets, assignment.pack_offsets),
     )
+    crash_point("pack.before_manifest")
     write_json_atomic(out / MANIFEST_FILE, manifest.to_json())
     log.info("pack: %d packs in %d shards planned", assignment.num_packs, offsets.size - 1)
     return manifest

@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from packvlm.atomic import clear_stale, write_json_atomic
+from packvlm.faults import crash_point
 from prep.run import ExecutorConfig, run_tasks
 from prep.shards.core import ShardTask
 from prep.shards.readback import check_shards
@@ -109,5 +110,6 @@ def run_shards(config: ShardsConfig) -> ShardsManifest:
     )
     run_tasks(ShardWorker, _worker_kwargs(plan, out), pending, config.executor, desc="shards")
     manifest = ShardsManifest.create(plan_sha256=file_sha256(plan_path), shards=check_shards(out, plan, rows))
+    crash_point("shards.before_manifest")
     write_json_atomic(out / SHARDS_MANIFEST_FILE, manifest.to_json())
     return manifest

@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from packvlm.faults import crash_point
 from prep.shards.core import ShardTask, build_pack
 from prep.shards.read import PartView, SampleRow
 from prep.shards.tar import Member, write_tar_atomic
@@ -44,6 +45,7 @@ class ShardWorker:
         for text in batch["task"]:
             task = ShardTask.from_json(text)
             nbytes = write_tar_atomic(self.shards / shard_name(task.shard), self._packs(task))
+            crash_point("shards.after_shard")
             stats["shard"].append(task.shard)
             stats["packs"].append(len(task.packs))
             stats["samples"].append(sum(len(rows) for _, rows in task.packs))

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from packvlm.atomic import write_arrow_atomic, write_json_atomic
+from packvlm.faults import crash_point
 from prep.outputs import claim_output_dir, file_fingerprint
 from prep.run import ExecutorConfig, run_tasks
 from prep.sources.records import Chunk, plan_chunks
@@ -93,6 +94,7 @@ class TokenizeWorker:
             meta = {"verified": str(result.verified), "verify_skipped": str(result.verify_skipped)}
             _write_part(self.out / ERRORS_DIR, chunk.index, result.errors, {})
             _write_part(self.out / SAMPLES_DIR, chunk.index, result.samples, meta)
+            crash_point("tokenize.after_part")
             stats["index"].append(chunk.index)
             stats["samples"].append(result.samples.num_rows)
             stats["errors"].append(result.errors.num_rows)
@@ -197,6 +199,7 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
         tokens=summary.tokens,
         verify=summary.verify,
     )
+    crash_point("tokenize.before_manifest")
     write_json_atomic(out / MANIFEST_FILE, manifest.to_json())
     check_error_budget(manifest, config.max_error_rate, out)
     return manifest
