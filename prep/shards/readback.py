@@ -9,10 +9,12 @@ sample is in exactly one pack.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from tqdm import tqdm
 
 from prep.shards.tar import iter_pack_metas
 from schemas.manifest import ShardRecord
@@ -40,7 +42,7 @@ def check_shards(out: Path, plan: PackPlan, rows: pa.Table) -> tuple[ShardRecord
     inputs = rows.column("input").to_pylist()
     ids = rows.column("sample_id").to_pylist()
     records = []
-    for s in range(plan.num_shards):
+    for s in tqdm(range(plan.num_shards), desc="read-back", unit="shard", disable=not sys.stderr.isatty()):
         path = out / SHARDS_DIR / shard_name(s)
         first, last = plan.shard_offsets[s], plan.shard_offsets[s + 1]
         try:

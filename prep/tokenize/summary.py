@@ -64,18 +64,28 @@ def summarize_output(out: Path, chunk_indices: list[int]) -> OutputSummary:
 
 def format_summary(manifest: TokenizeManifest) -> str:
     """Human-readable end-of-run report."""
-    rows, tokens, verify = manifest.rows, manifest.tokens, manifest.verify
+    rows, tokens = manifest.rows, manifest.tokens
     lines = [
         f"samples: {rows.samples:,}   errors: {rows.errors:,}   (input rows used: {manifest.inputs.rows_used:,})",
         f"tokens: {tokens.total:,} total = {tokens.text:,} text + {tokens.media:,} media;"
         f" longest sample {tokens.max_sample:,}, mean {tokens.mean_sample:,}",
-        f"verified against the processor: {verify.checked:,} samples"
-        + (
-            f" ({verify.skipped_no_reference:,} skipped: no reference processor here)"
-            if verify.skipped_no_reference
-            else ""
-        ),
+        _verify_line(manifest),
     ]
     for reason, count in manifest.errors_by_reason.items():
         lines.append(f"  error {reason}: {count:,}")
     return "\n".join(lines)
+
+
+def _verify_line(manifest: TokenizeManifest) -> str:
+    """Verification is per record: sample_ratio copies share their record's ids, so say what the rest are."""
+    verify, samples = manifest.verify, manifest.rows.samples
+    line = f"verified against the processor: {verify.checked:,} of {samples:,} samples"
+    notes = []
+    if verify.skipped_no_reference:
+        notes.append(
+            f"{verify.skipped_no_reference:,} drawn but skipped: no reference processor here (videos need torchvision)"
+        )
+    rest = samples - verify.checked - verify.skipped_no_reference
+    if rest > 0:
+        notes.append(f"{rest:,} not drawn by --verify-fraction or sample_ratio copies of a checked record (same ids)")
+    return line + (f" ({'; '.join(notes)})" if notes else "")
