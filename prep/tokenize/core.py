@@ -25,7 +25,7 @@ from prep.sources.media import LmdbPool, MediaError, image_header, video_header
 from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import MediaCount, MediaCounter, MediaRejected, find_counter
 from prep.tokenize.processor import ProcessorBundle
-from prep.tokenize.processor_path import tokenize_with_processor
+from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
 from prep.tokenize.sample import TokenizedSample
 from prep.tokenize.template import render_with_spans, tokenize_rendered
 from schemas.dataset_config import VideoSampling
@@ -47,11 +47,24 @@ class SampleTokenizer:
         """Exact ids and loss mask of one conversation; a bad sample raises SampleError."""
         if self.counter is None:
             sample = tokenize_with_processor(self.bundle, conv, sampling, self.lmdb)
+        elif not getattr(self.counter, "counts_video", True) and any(m.kind == "video" for m in conv.media):
+            sample = self._video_with_processor(conv, sampling)
         else:
             sample = self._tokenize_closed_form(self.counter, conv, sampling)
         if self.max_length is not None and sample.num_tokens > self.max_length:
             raise SampleError(Reason.TOO_LONG, f"{sample.num_tokens} tokens > --max-length {self.max_length}")
         return sample
+
+    def _video_with_processor(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
+        """A family whose video has no closed form (``counts_video = False``): the real processor, or an error row."""
+        try:
+            return tokenize_with_processor(self.bundle, conv, sampling, self.lmdb)
+        except ReferenceUnavailable as exc:
+            raise SampleError(
+                Reason.PROCESSOR_REJECTED,
+                f"{self.bundle.processor_class} video is counted only by the real processor, which cannot run here: "
+                f"{exc}",
+            ) from exc
 
     def _tokenize_closed_form(
         self, counter: MediaCounter, conv: Conversation, sampling: VideoSampling
