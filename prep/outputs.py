@@ -21,18 +21,23 @@ def claim_output_dir(
 ) -> None:
     """Create ``out`` and its ``subdirs`` for a run with ``fingerprint``; raise ``conflict`` if taken."""
     run_file = out / RUN_FILE
+    record = {"command": command, **fingerprint}
     if out.exists() and any(out.iterdir()):
         if not run_file.is_file():
             raise conflict(f"{out} is not empty and holds no `{command}` run; choose an empty --output")
         previous = json.loads(run_file.read_text(encoding="utf-8"))
-        if previous != fingerprint:
-            changes = "; ".join(describe_changes(previous, fingerprint)[:5])
+        if previous.get("command") != command:
+            raise conflict(
+                f"{out} holds a `{previous.get('command', 'another command')}` output; choose another --output"
+            )
+        if previous != record:
+            changes = "; ".join(describe_changes(previous, record)[:5])
             raise conflict(
                 f"{out} holds a `{command}` run that differs: {changes}; use a new --output, or the same "
                 "options and inputs to resume"
             )
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_file, fingerprint)  # first, so a run killed from here on can resume
+    write_json_atomic(run_file, record)  # first, so a run killed from here on can resume
     for sub in subdirs:
         (out / sub).mkdir(exist_ok=True)
         clear_stale(out / sub)  # half-written files of a killed run

@@ -103,3 +103,12 @@ def test_truncated_json_array_names_the_file(example: Path, tmp_path: Path) -> N
     result = _tokenize(example, tmp_path / "out", None, "--dataset", "sharegpt_json")
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert str(data) in result.output and "not a valid JSON array" in result.output
+
+
+def test_another_stage_output_as_output_is_named(example: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert _tokenize(example, out).exit_code == 0
+    args = ["pack", str(out), "--output", str(out), "--pack-size", "4096", "--executor", "local"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "holds a `prep tokenize` output" in result.output
+    assert "dataset_config" not in result.output  # no dump of the other stage's options
