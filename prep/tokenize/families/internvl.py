@@ -106,6 +106,11 @@ class InternVLCounter:
             )
         processor: Any = bundle.processor  # InternVLProcessor: image_seq_length from processor_config.json
         ip = bundle.image_processor
+        if not type(ip).__name__.startswith("GotOcr2ImageProcessor"):
+            raise ProcessorLoadError(
+                f"{bundle.source}: InternVLProcessor with {type(ip).__name__}; the closed form knows only "
+                "GotOcr2ImageProcessor tiling"
+            )
         kwargs = {k: v for k, v in _effective_images_kwargs(bundle).items() if v is not None}
         tile_width, tile_height = _size(kwargs.get("size", ip.size))
         return cls(

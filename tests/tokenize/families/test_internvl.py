@@ -240,3 +240,14 @@ def test_tile_count_matches_pil_image_processor_on_500_sizes(bundle):
         image = Image.new("RGB", (width, height), (90, 20, 160))
         num_patches = ip(images=[image], **kwargs)["num_patches"][0]
         assert counter.num_tiles(width, height) == num_patches, (width, height)
+
+
+def test_other_image_processor_is_refused_not_guessed(bundle):
+    from dataclasses import replace
+
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from prep.tokenize.processor import ProcessorLoadError
+
+    with pytest.raises(ProcessorLoadError, match="GotOcr2"):
+        InternVLCounter.from_processor(replace(bundle, image_processor=Qwen2VLImageProcessorPil()))
