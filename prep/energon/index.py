@@ -27,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from tqdm import tqdm
 
 from packvlm.atomic import write_bytes_atomic
 from prep.energon.split import ShardSplit, energon_patterns, nearest_split, recorded_split, refusal
@@ -43,6 +46,7 @@ from schemas.splits import SplitRatio, SplitRatioError
 from schemas.splits import parse_split_ratio as parse_ratio
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 META_DIR = ".nv-meta"  # megatron.energon.flavors.webdataset.config.MAIN_FOLDER_NAME
 DATASET_YAML = "dataset.yaml"
 
@@ -156,7 +160,11 @@ def index_dataset(
     chatter = io.StringIO()
     with contextlib.redirect_stdout(chatter):  # Energon prints progress; keep our stdout ours
         BaseWebdatasetFactory.prepare_dataset(
-            root, shards, split_parts_patterns=patterns, workers=max(1, min(workers, len(shards)))
+            root,
+            shards,
+            split_parts_patterns=patterns,
+            workers=max(1, min(workers, len(shards))),
+            progress_fn=_progress,
         )
     log.debug("energon prepare: %s", chatter.getvalue().strip())
     definition = yaml.dump(dataset_definition(packed.manifest), sort_keys=False)
@@ -167,6 +175,11 @@ def index_dataset(
     if result.splits != split.parts(shards):
         raise EnergonVerifyError(f"Energon wrote split parts {result.splits}, expected {split.parts(shards)}")
     return IndexResult(shard_counts=result.shard_counts, splits=result.splits, wanted=split.wanted)
+
+
+def _progress(items: Iterator[T], total: int) -> Iterator[T]:
+    """Energon's per-shard indexing progress, on stderr and only on a terminal (its stdout is captured)."""
+    return iter(tqdm(items, total=total, desc="index", unit="shard", disable=not sys.stderr.isatty()))
 
 
 def read_index(root: Path) -> IndexResult:

@@ -14,10 +14,12 @@ The directory's ``manifest.json`` says which stage wrote it (`schemas.manifest.r
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+from tqdm import tqdm
 
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, part_name
 from schemas.manifest import (
@@ -122,7 +124,8 @@ def _columns(root: Path, table: str, parts: int, schema: pa.Schema, columns: tup
             f"{root / table}: parts {missing[:3]} of {parts} are missing; rerun `prep tokenize` to restore them"
         )
     empty = pa.schema([schema.field(c) for c in columns]).empty_table()
-    out = pa.concat_tables([empty, *(open_part(p).select(list(columns)) for p in paths)])
+    progress = tqdm(paths, desc=f"read {table}", unit="part", disable=not sys.stderr.isatty())
+    out = pa.concat_tables([empty, *(open_part(p).select(list(columns)) for p in progress)])
     if out.num_rows != rows:
         raise StatsInputError(f"{root / table}: parts hold {out.num_rows} rows, the manifest says {rows}")
     return out
