@@ -46,11 +46,22 @@ def run_tasks(
         return run_local(worker_cls, worker_kwargs, tasks, desc=desc)
     try:
         return run_ray(worker_cls, worker_kwargs, tasks, address=config.ray_address, num_workers=config.num_workers)
+    except KeyboardInterrupt:  # stop the embedded Ray's workers now, not when they notice the driver is gone
+        _shutdown_embedded_ray(config)
+        raise
     except Exception as exc:  # Ray wraps worker errors: surface ours with their own message
         ours = unwrap_worker_error(exc)
         if ours is None or ours is exc:
             raise
         raise ours from exc
+
+
+def _shutdown_embedded_ray(config: ExecutorConfig) -> None:
+    """Shut down a Ray this process started (never a cluster it joined)."""
+    import ray
+
+    if ray.is_initialized() and not (config.ray_address or os.environ.get("RAY_ADDRESS")):
+        ray.shutdown()
 
 
 def run_local(worker_cls: type, worker_kwargs: dict[str, Any], tasks: list[str], desc: str) -> list[dict]:
