@@ -32,6 +32,7 @@ from prep.pack.shard_cut import parse_shard_size
 from prep.pack.stage import PackConfig, run_pack
 from prep.run import LOCAL
 from prep.shards.stage import ShardsConfig, run_shards
+from prep.sources.media import LmdbPool, read_bytes
 from schemas.layout import MANIFEST_FILE, SAMPLES_DIR, part_name
 from schemas.manifest import (
     ProcessorIdentity,
@@ -41,6 +42,7 @@ from schemas.manifest import (
     TokenTotals,
     VerifyCounts,
 )
+from schemas.media_ref import MediaRef
 from schemas.tokenized import SAMPLES_SCHEMA
 
 TARGET = 0.70
@@ -130,13 +132,10 @@ def make_tokenized(root: Path, refs: list[str], rng: np.random.Generator, rows_p
     return out
 
 
-def media_size(ref: str) -> int:
+def media_size(ref: str, pool: LmdbPool = LmdbPool()) -> int:  # noqa: B008  (one pool, reused)
     """What tokenize records as ``num_bytes``: the file's size or the LMDB value's length."""
-    path, sep, key = ref.partition("::")
-    if not sep:
-        return Path(path).stat().st_size
-    with lmdb.open(path, readonly=True, lock=False) as env, env.begin() as txn:
-        return len(txn.get(key.encode()))
+    media = MediaRef.parse(ref)
+    return len(read_bytes(media, pool)) if media.is_lmdb else Path(media.path).stat().st_size
 
 
 def sequential_copy(refs: list[str], dest: Path) -> int:

@@ -49,6 +49,7 @@ import pyarrow as pa
 
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import SHARDS_MANIFEST_FILE, ManifestError, PackManifest, ShardsManifest, read_manifest
+from schemas.media_ref import MediaRef
 
 PACKED_SCHEMA_VERSION = 1
 PACKED_FORMAT = "packvlm.packed"
@@ -88,8 +89,7 @@ def shard_name(shard_index: int) -> str:
 
 def media_extension(ref: str) -> str:
     """Extension the media member keeps from its source (file or LMDB key); ``bin`` if none."""
-    name = ref.rsplit("::", 1)[-1].rsplit("/", 1)[-1]  # string ops: called once per media item
-    stem, dot, ext = name.rpartition(".")
+    stem, dot, ext = MediaRef.parse(ref).name.rpartition(".")
     ext = ext.lower()
     return ext if dot and stem and _EXT.match(ext) else "bin"
 
