@@ -75,6 +75,7 @@ def make_tokenized(root: Path, refs: list[str], rng: np.random.Generator, rows_p
     """A tokenized directory in the real schema: one image sample per ref."""
     out = root / "tok"
     (out / SAMPLES_DIR).mkdir(parents=True)
+    pool = LmdbPool()
     chunks = 0
     for start in range(0, len(refs), rows_per_part):
         batch = refs[start : start + rows_per_part]
@@ -103,7 +104,7 @@ def make_tokenized(root: Path, refs: list[str], rng: np.random.Generator, rows_p
                         "num_tokens": 100,
                         "frame_indices": [],
                         "timestamps": [],
-                        "num_bytes": media_size(ref),
+                        "num_bytes": media_size(ref, pool),
                     }
                 ],
             }
@@ -116,6 +117,7 @@ def make_tokenized(root: Path, refs: list[str], rng: np.random.Generator, rows_p
         ):
             w.write_table(table)
         chunks += 1
+    pool.close()  # the shard workers of this process open the LMDB themselves
     rows = RowCounts(samples=len(refs), errors=0)
     manifest = TokenizeManifest.create(
         config={},
@@ -132,31 +134,24 @@ def make_tokenized(root: Path, refs: list[str], rng: np.random.Generator, rows_p
     return out
 
 
-def media_size(ref: str, pool: LmdbPool = LmdbPool()) -> int:  # noqa: B008  (one pool, reused)
+def media_size(ref: str, pool: LmdbPool) -> int:
     """What tokenize records as ``num_bytes``: the file's size or the LMDB value's length."""
     media = MediaRef.parse(ref)
     return len(read_bytes(media, pool)) if media.is_lmdb else Path(media.path).stat().st_size
 
 
 def sequential_copy(refs: list[str], dest: Path) -> int:
-    """Baseline: read each blob (file or LMDB) and append it to one file."""
-    envs: dict[str, lmdb.Environment] = {}
+    """Baseline: read each blob (file or LMDB, as the shard writer reads it) and append it to one file."""
     total = 0
+    pool = LmdbPool()  # closed before the shard workers open the same LMDB in this process
     with open(dest, "wb", buffering=0) as out:  # one write per blob, no extra copy
         for ref in refs:
-            path, sep, key = ref.partition("::")
-            if sep:
-                env = envs.get(path) or envs.setdefault(path, lmdb.open(path, readonly=True, lock=False))
-                with env.begin() as txn:
-                    data = txn.get(key.encode())
-            else:
-                data = Path(path).read_bytes()
+            data = read_bytes(MediaRef.parse(ref), pool)
             out.write(data)
             total += len(data)
         out.flush()
         os.fsync(out.fileno())  # shards are fsynced too: compare what reaches the disk
-    for env in envs.values():
-        env.close()
+    pool.close()
     return total
 
 
