@@ -23,6 +23,7 @@ import numpy.typing as npt
 from prep.sources.conversation import Conversation, MediaKind
 from prep.sources.media import LmdbPool, MediaError, image_header, video_header
 from prep.tokenize.errors import SampleError
+from prep.tokenize.expansion import expand_placeholders
 from prep.tokenize.families.base import MediaCount, MediaCounter, MediaRejected, find_counter
 from prep.tokenize.processor import ProcessorBundle
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
@@ -71,8 +72,15 @@ class SampleTokenizer:
     ) -> TokenizedSample:
         counts = [(item.ref.format(), self._count(counter, item.kind, item.ref, sampling)) for item in conv.media]
         rendered = render_with_spans(self.bundle.tokenizer, self.bundle.chat_template, conv.messages)
+        placeholders: dict[MediaKind, int] = {"image": counter.image_token_id, "video": counter.video_token_id}
+        text_kinds = _text_level_kinds(counts)
+        for kind in text_kinds:
+            token = self.bundle.tokenizer.convert_ids_to_tokens(placeholders[kind])
+            expansions = [str(c.expansion_text) for _, c in counts if c.kind == kind]
+            rendered = expand_placeholders(rendered, token, expansions, kind)
         text = tokenize_rendered(self.bundle.tokenizer, rendered)
-        ids, mask = splice_media(text.input_ids, text.loss_mask, counts, counter.image_token_id, counter.video_token_id)
+        id_level = {kind: token for kind, token in placeholders.items() if kind not in text_kinds}
+        ids, mask = splice_media(text.input_ids, text.loss_mask, counts, id_level)
         return TokenizedSample(input_ids=ids, loss_mask=mask, media=counts)
 
     def _count(self, counter: MediaCounter, kind: MediaKind, ref: MediaRef, sampling: VideoSampling) -> MediaCount:
@@ -93,27 +101,37 @@ class SampleTokenizer:
             raise SampleError(Reason.PROCESSOR_REJECTED, f"{ref.format()}: {exc}") from exc
 
 
+def _text_level_kinds(counts: list[tuple[str, MediaCount]]) -> tuple[MediaKind, ...]:
+    """Kinds whose items expand as text; a counter must not mix text and id expansions in one kind."""
+    kinds: list[MediaKind] = []
+    for kind in ("image", "video"):
+        flags = {c.expansion_text is not None for _, c in counts if c.kind == kind}
+        if len(flags) > 1:
+            raise ValueError(f"counter mixes text and id expansions for {kind}s")
+        if flags == {True}:
+            kinds.append(kind)
+    return tuple(kinds)
+
+
 def splice_media(
     ids: list[int],
     mask: npt.NDArray[np.uint8],
     counts: list[tuple[str, MediaCount]],
-    image_token_id: int,
-    video_token_id: int,
+    placeholders: dict[MediaKind, int],
 ) -> tuple[list[int], npt.NDArray[np.uint8]]:
-    """Replace the k-th image/video placeholder token by the k-th item's expansion ids.
+    """Replace the k-th placeholder token of each kind in ``placeholders`` by the k-th item's ids.
 
     The placeholder count must match the media count exactly (user text that spells a
     placeholder token would otherwise shift every item, as it breaks the real processor).
+    Kinds absent from ``placeholders`` were expanded as text before tokenizing.
     """
-    queues = {
-        image_token_id: [c for _, c in counts if c.kind == "image"],
-        video_token_id: [c for _, c in counts if c.kind == "video"],
-    }
+    queues = {token: [c for _, c in counts if c.kind == kind] for kind, token in placeholders.items()}
+    kind_of = {token: kind for kind, token in placeholders.items()}
     positions = [i for i, t in enumerate(ids) if t in queues]
     found = {t: sum(1 for i in positions if ids[i] == t) for t in queues}
     for token, items in queues.items():
         if found[token] != len(items):
-            kind = "image" if token == image_token_id else "video"
+            kind = kind_of[token]
             raise SampleError(
                 Reason.MEDIA_TAG_MISMATCH,
                 f"rendered text has {found[token]} {kind} placeholder tokens for {len(items)} {kind}s "

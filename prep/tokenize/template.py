@@ -25,6 +25,7 @@ from schemas.reasons import Reason
 class RenderedText:
     text: str
     assistant_spans: list[tuple[int, int]]  # character [start, end) of each assistant turn
+    media_spans: tuple[tuple[int, int], ...] = ()  # text-level media expansions: never trained on
 
 
 def render(tokenizer: Any, template: str, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
@@ -76,4 +77,6 @@ def tokenize_rendered(tokenizer: Any, rendered: RenderedText) -> TokenizedText:
     mask = np.zeros(len(offsets), dtype=np.uint8)
     for start, end in rendered.assistant_spans:
         mask |= ((offsets[:, 0] < end) & (offsets[:, 1] > start)).astype(np.uint8)
+    for start, end in rendered.media_spans:
+        mask[(offsets[:, 0] < end) & (offsets[:, 1] > start)] = 0
     return TokenizedText(input_ids=list(enc["input_ids"]), loss_mask=mask)

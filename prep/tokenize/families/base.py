@@ -33,6 +33,11 @@ class MediaCount:
     grid_w: int
     num_tokens: int  # placeholder (vision-embedding) tokens
     expansion: tuple[int, ...]  # token ids that replace the template's placeholder token
+    # Text that replaces the placeholder token's text *before* tokenizing, for expansions whose
+    # text merges with its neighbours in BPE (Gemma 3's "\n\n", row newlines, timestamps).
+    # When set, ``expansion`` is unused.
+    expansion_text: str | None = None
+    num_tiles: int = 1  # image arrays the processor makes of the item (tiles/crops + global view)
     frame_indices: tuple[int, ...] = ()
     timestamps: tuple[float, ...] = field(default=())
     width: int = 0  # source size after EXIF orientation, filled in by the caller
@@ -41,7 +46,12 @@ class MediaCount:
 
 
 class MediaCounter(Protocol):
-    """Per-family closed-form counter, built once per worker from the loaded processor."""
+    """Per-family closed-form counter, built once per worker from the loaded processor.
+
+    A counter class may set ``counts_video = False`` (video takes the real processor) and
+    ``image_attention = "bidirectional"`` (the model attends both ways inside an image block,
+    which a causal packed kernel cannot express; recorded in the manifest for ``train``).
+    """
 
     @property
     def image_token_id(self) -> int: ...
@@ -80,6 +90,17 @@ def register_counter(*processor_classes: str) -> Callable[[C], C]:
         return cls
 
     return wrap
+
+
+IMAGE_ATTENTION = ("causal", "bidirectional")
+
+
+def image_attention(counter: object) -> str:
+    """How the family's model attends inside an image block: "causal" unless the counter says otherwise."""
+    value = getattr(counter, "image_attention", "causal")
+    if value not in IMAGE_ATTENTION:
+        raise ValueError(f"{type(counter).__name__}.image_attention = {value!r}; expected one of {IMAGE_ATTENTION}")
+    return str(value)
 
 
 def find_counter(processor_class: str) -> CounterFactory | None:
