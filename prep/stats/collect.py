@@ -15,21 +15,43 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prep.errors.core import ReasonGroup, examples_at, first_rows, group_reasons
 from prep.stats.packs import collect_packs
 from prep.stats.read import StatsInput, TokenizedTables
 from prep.stats.records import GroupStats, Stats, distribution, integer_edges
 
 LENGTH_COLUMNS = ("num_text_tokens", "num_media_tokens", "num_tokens")
+EXAMPLES_PER_REASON = 3  # error rows shown per reason in the report; `prep errors` shows more
 
 
 def collect_stats(data: StatsInput, bins: int) -> Stats:
     """Statistics of one directory's tables; deterministic for the same input and bins."""
     datasets: dict[str, GroupStats] = {}
     overall = None
+    examples: tuple[ReasonGroup, ...] = ()
     if data.tokenized is not None:
         datasets, overall = collect_tokenized(data.tokenized, bins)
+        examples = error_examples(data.tokenized.errors, overall.errors_by_reason, EXAMPLES_PER_REASON)
     packs = collect_packs(data.packed, bins) if data.packed is not None else None
-    return Stats(stage=data.stage, bins=bins, datasets=datasets, overall=overall, packs=packs, notes=data.notes)
+    return Stats(
+        stage=data.stage,
+        bins=bins,
+        datasets=datasets,
+        overall=overall,
+        packs=packs,
+        notes=data.notes,
+        error_examples=examples,
+    )
+
+
+def error_examples(errors: pa.Table, counts: dict[str, int], limit: int) -> tuple[ReasonGroup, ...]:
+    """Per reason (most frequent first): its count and its first ``limit`` rows in part order.
+
+    Only the example rows' ``sample_id``/``source``/``line``/``message`` are materialised;
+    the selection is `prep errors`' own (`prep.errors.core`), so both show the same rows.
+    """
+    rows = first_rows(errors, None, {reason: limit for reason in counts})
+    return group_reasons(counts, {reason: examples_at(errors, indices) for reason, indices in rows.items()})
 
 
 def collect_tokenized(tables: TokenizedTables, bins: int) -> tuple[dict[str, GroupStats], GroupStats]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from prep.errors.core import ReasonGroup
 from prep.stats.labels import FRACTIONS, PER_PACK_LABELS, format_number, pack_rows
 from prep.stats.plots import Plot
 from prep.stats.records import Distribution, GroupStats, PackStats, Stats
@@ -18,10 +19,14 @@ figure { margin: 1.5em 0; }
 img { max-width: 100%; }
 """
 LENGTH_LABELS = (("num_tokens", "total"), ("num_text_tokens", "text"), ("num_media_tokens", "media"))
+MESSAGE_CHARS = 300  # a longer error message is cut in the report; stats.json keeps it whole
 
 
-def render_html(stats: Stats, plots: list[Plot], title: str) -> str:
-    """The whole report as one string; same stats and plots give the same bytes."""
+def render_html(stats: Stats, plots: list[Plot], title: str, input_dir: str = "DIR") -> str:
+    """The whole report as one string; same stats and plots give the same bytes.
+
+    ``input_dir`` is the directory as the user named it, for the `prep errors` hints.
+    """
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -35,8 +40,12 @@ def render_html(stats: Stats, plots: list[Plot], title: str) -> str:
         parts += ["<h2>Datasets</h2>", _datasets_table(stats), "<h2>Token lengths</h2>", _lengths_table(stats)]
     if stats.packs is not None:
         parts += ["<h2>Packs</h2>", _packs_table(stats.packs)]
+        if stats.packs.oversize:
+            parts += ["<h2>Oversize samples (dropped)</h2>", *_oversize(stats.packs, input_dir)]
     if stats.overall is not None and stats.overall.errors:
         parts += ["<h2>Errors by reason</h2>", _errors_table(stats)]
+    if stats.error_examples:
+        parts += ["<h2>Error examples</h2>", *_error_examples(stats.error_examples, stats, input_dir)]
     if plots:
         parts.append("<h2>Plots</h2>")
         parts += [_figure(p) for p in plots]
@@ -100,6 +109,40 @@ def _errors_table(stats: Stats) -> str:
     reasons = sorted(stats.overall.errors_by_reason) if stats.overall else []
     rows = [[r, *(stats.datasets[n].errors_by_reason.get(r, 0) for n in names), _total(stats, r)] for r in reasons]
     return _table(["reason", *names, "all"], rows)
+
+
+def _error_examples(groups: tuple[ReasonGroup, ...], stats: Stats, input_dir: str) -> list[str]:
+    """Per reason: its count, then its first rows with where they came from and why."""
+    inputs = list(stats.packs.inputs) if stats.packs is not None else [input_dir]
+    hint = " or ".join(f"<code>prep errors {escape(d)}</code>" for d in inputs)
+    rows: list[list[object]] = []
+    for group in groups:
+        for i, e in enumerate(group.examples):
+            count = f"{group.count:,}" if i == 0 else ""
+            rows.append([group.reason if i == 0 else "", count, e.sample_id, f"{e.source}:{e.line}", _cut(e.message)])
+    intro = (
+        f"<p>The first rows of each reason, in part order (line = 0-based record index in its file). "
+        f"Every row: {hint} (<code>--json</code> for whole messages).</p>"
+    )
+    return [intro, _table(["reason", "error rows", "sample id", "source:line", "message"], rows)]
+
+
+def _oversize(packs: PackStats, input_dir: str) -> list[str]:
+    """How many samples exceed the pack size and the first of them by id."""
+    shown = len(packs.oversize_samples)
+    more = f"; the first {shown:,} are listed" if shown < packs.oversize else ""
+    intro = (
+        f"<p>{packs.oversize:,} of {packs.num_samples:,} tokenized samples are longer than the pack size "
+        f"({packs.pack_size:,} tokens) and are in no pack{more}. All of them: "
+        f"<code>prep errors {escape(input_dir)}</code>.</p>"
+    )
+    rows: list[list[object]] = [[o.sample_id, o.num_tokens, o.input] for o in packs.oversize_samples]
+    return [intro, _table(["sample id", "tokens", "tokenized input"], rows)]
+
+
+def _cut(message: str) -> str:
+    flat = " ".join(message.split())
+    return flat if len(flat) <= MESSAGE_CHARS else flat[: MESSAGE_CHARS - 1] + "…"
 
 
 def _total(stats: Stats, reason: str) -> int:

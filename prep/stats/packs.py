@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from prep.errors.core import OversizeExample
 from prep.stats.read import PackedTables
 from prep.stats.records import Distribution, PackStats, distribution, fraction_edges, integer_distribution
+
+OVERSIZE_EXAMPLES = 20  # oversize samples named in the report; `prep errors DIR` lists them all
 
 
 def collect_packs(packed: PackedTables, bins: int) -> PackStats:
@@ -43,4 +46,9 @@ def collect_packs(packed: PackedTables, bins: int) -> PackStats:
         num_shards=len(shards.shards) if shards is not None else None,
         shard_bytes=shards.num_bytes if shards is not None else None,
         per_pack=per_pack,
+        oversize_samples=tuple(
+            OversizeExample(sample_id=o.sample_id, num_tokens=o.num_tokens, input=manifest.inputs[o.input].path)
+            for o in manifest.oversize[:OVERSIZE_EXAMPLES]
+        ),
+        inputs=tuple(i.path for i in manifest.inputs),
     )

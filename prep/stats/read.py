@@ -4,7 +4,8 @@ The directory's ``manifest.json`` says which stage wrote it (`schemas.manifest.r
 
 - ``tokenize`` (`TokenizeManifest`): the parts its manifest counts, memory-mapped, only
   the length columns, ``dataset``, ``media`` (kinds only are touched) and the errors'
-  ``dataset``/``reason``; row counts must match the manifest.
+  ``dataset``/``reason`` (plus, for a few example rows only, where they came from and
+  their message); row counts must match the manifest.
 - ``pack`` (`PackManifest`): its manifest, ``pack_stats.arrow`` (one row per pack, must
   agree with the manifest), ``shards.json`` when the shards are complete
   (`read_packed_output`), and the token columns of the tokenized inputs its manifest pins,
@@ -36,7 +37,7 @@ from schemas.stages import Stage
 from schemas.tokenized import ERRORS_SCHEMA, SAMPLES_SCHEMA, open_part
 
 SAMPLE_COLUMNS = ("dataset", "num_tokens", "num_text_tokens", "num_media_tokens", "media")
-ERROR_COLUMNS = ("dataset", "reason")
+ERROR_COLUMNS = ("dataset", "reason", "sample_id", "source", "line", "copy", "message")
 
 
 class StatsInputError(ValueError):
@@ -50,7 +51,8 @@ class TokenizedTables:
     Attributes:
         samples: ``dataset``, ``num_tokens``, ``num_text_tokens``, ``num_media_tokens``,
             ``media`` for every sample row.
-        errors: ``dataset`` and ``reason`` for every error row.
+        errors: ``dataset``, ``reason``, ``sample_id``, ``source``, ``line``, ``copy`` and
+            ``message`` for every error row (the last five are read for examples only).
     """
 
     samples: pa.Table

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from prep.errors.core import OversizeExample, ReasonGroup
+from schemas.codec import to_json
 from schemas.stages import Stage
 
 PERCENTILES = (50, 90, 99)
@@ -121,6 +123,9 @@ class PackStats:
         num_shards: Shards written from the plan; None while none are complete.
         shard_bytes: Their total size; None like ``num_shards``.
         per_pack: ``fill`` (fraction of pack_size), ``samples_per_pack``, ``media_per_pack``.
+        oversize_samples: The first oversize samples of the manifest's list (id, tokens, input),
+            so the report names what was dropped; ``prep errors DIR`` lists them all.
+        inputs: The tokenized directories the plan read (where its error rows are).
     """
 
     pack_size: int
@@ -138,9 +143,14 @@ class PackStats:
     num_shards: int | None
     shard_bytes: int | None
     per_pack: dict[str, Distribution]
+    oversize_samples: tuple[OversizeExample, ...] = ()
+    inputs: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "per_pack"}
+        nested = ("per_pack", "oversize_samples", "inputs")
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in nested}
+        out["oversize_samples"] = to_json(self.oversize_samples)
+        out["inputs"] = list(self.inputs)
         return {**out, **{k: v.to_json() for k, v in self.per_pack.items()}}
 
 
@@ -155,6 +165,8 @@ class Stats:
         overall: All datasets together, or None without token data.
         packs: Pack statistics of a packed directory, else None.
         notes: Why a section is missing (e.g. a packed dir's tokenized input is gone).
+        error_examples: Error rows by reason, most frequent first: the count and the first
+            few rows (sample id, source file and line, message), in part order.
     """
 
     stage: Stage
@@ -163,11 +175,13 @@ class Stats:
     overall: GroupStats | None
     packs: PackStats | None
     notes: tuple[str, ...] = ()
+    error_examples: tuple[ReasonGroup, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "stage": self.stage.value,
             "notes": list(self.notes),
+            "error_examples": to_json(self.error_examples),
             "bins": self.bins,
             "datasets": {k: v.to_json() for k, v in self.datasets.items()},
             "overall": self.overall.to_json() if self.overall else None,

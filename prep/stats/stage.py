@@ -64,7 +64,7 @@ def run_stats(config: StatsConfig) -> Stats:
     out = config.output_path()
     out.mkdir(parents=True, exist_ok=True)
     title = f"packvlm stats: {Path(config.input_dir).resolve().name}"
-    write_bytes_atomic(out / REPORT_HTML, render_html(stats, plots, title).encode("utf-8"))
+    write_bytes_atomic(out / REPORT_HTML, render_html(stats, plots, title, config.input_dir).encode("utf-8"))
     write_json_atomic(out / STATS_JSON, stats.to_json())
     return stats
 

@@ -16,6 +16,7 @@ import re
 import shutil
 import tarfile
 from collections import Counter, defaultdict
+from html import unescape
 from pathlib import Path
 
 import pyarrow as pa
@@ -271,3 +272,64 @@ def test_other_stage_manifest_is_a_usage_error(tokenized, tmp_path):
     result = CliRunner().invoke(main, ["stats", str(tmp_path)])
     assert result.exit_code == 2
     assert "written by `prep shards`" in result.output
+
+
+def _section(html: str, heading: str) -> str:
+    """The HTML between ``<h2>heading</h2>`` and the next heading."""
+    start = html.index(f"<h2>{heading}</h2>")
+    end = html.find("<h2>", start + 1)
+    return html[start : end if end > 0 else len(html)]
+
+
+def _cells(section: str) -> list[list[str]]:
+    """Table body rows as lists of unescaped cell texts."""
+    body = section[section.index("<tbody>") :]
+    return [[unescape(c) for c in re.findall(r"<td>(.*?)</td>", row)] for row in re.findall(r"<tr>(.*?)</tr>", body)]
+
+
+def test_report_shows_error_examples_per_reason(report, tokenized):
+    """Each reason's count and its first rows (id, file:line, message) as the errors parts hold them."""
+    out, _ = report
+    errors = _rows(tokenized, ERRORS_DIR)  # part order = the order `prep errors` shows
+    by_reason: dict[str, list[dict]] = defaultdict(list)
+    for row in errors:
+        by_reason[row["reason"]].append(row)
+    assert len(by_reason) > 1, "the example has several kinds of bad rows"
+    cells = _cells(_section((out / "report.html").read_text(), "Error examples"))
+    shown: dict[str, list[list[str]]] = defaultdict(list)
+    reason = ""
+    for row in cells:
+        reason = row[0] or reason
+        shown[reason].append(row)
+    assert set(shown) == set(by_reason)
+    for name, rows in by_reason.items():
+        got = shown[name]
+        assert got[0][1] == f"{len(rows):,}"
+        assert len(got) == min(3, len(rows))
+        for cell, row in zip(got, rows):
+            assert cell[2] == row["sample_id"] and cell[3] == f"{row['source']}:{row['line']}"
+            assert cell[4].startswith(" ".join(row["message"].split())[:100])
+    assert f"prep errors {tokenized}" in unescape((out / "report.html").read_text())
+    stats = json.loads((out / "stats.json").read_text())
+    assert {g["reason"]: g["count"] for g in stats["error_examples"]} == {r: len(v) for r, v in by_reason.items()}
+    for group in stats["error_examples"]:
+        want = by_reason[group["reason"]][:3]
+        assert [e["sample_id"] for e in group["examples"]] == [r["sample_id"] for r in want]
+        assert [e["message"] for e in group["examples"]] == [r["message"] for r in want]
+
+
+def test_pack_report_names_the_oversize_samples(pack_report, packed, tokenized):
+    """The samples longer than the pack size, by id and length, as the tokenized parts hold them."""
+    out, _ = pack_report
+    too_long = {r["sample_id"]: r["num_tokens"] for r in _rows(tokenized, SAMPLES_DIR) if r["num_tokens"] > PACK_SIZE}
+    assert too_long, "the example has a sample longer than 4096 tokens"
+    html = (out / "report.html").read_text()
+    section = _section(html, "Oversize samples (dropped)")
+    rows = _cells(section)
+    assert {r[0]: r[1] for r in rows} == {k: f"{v:,}" for k, v in too_long.items()}
+    assert all(r[2] == str(tokenized) for r in rows)
+    assert f"{len(too_long):,} of " in section and f"prep errors {packed}" in unescape(section)
+    stats = json.loads((out / "stats.json").read_text())
+    assert {o["sample_id"] for o in stats["packs"]["oversize_samples"]} == set(too_long)
+    # error rows of the pinned tokenized input are shown for a packed dir too
+    assert "<h2>Error examples</h2>" in html and f"prep errors {tokenized}" in unescape(html)
