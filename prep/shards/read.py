@@ -2,8 +2,9 @@
 
 A shard task carries (part id, row) pairs, never data; each process maps a part once and
 slices ``input_ids``/``loss_mask`` straight out of the Arrow buffers (zero copy until the
-pack's arrays are concatenated). Media come from files or LMDB exactly as tokenize read
-them; a reference that vanished since then is a hard error naming sample and path.
+pack's arrays are concatenated). Media come from files, LMDB or table cells (bytes embedded
+in Parquet / Arrow files, copied unchanged) exactly as tokenize read them; a reference that
+vanished since then is a hard error naming sample and path.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Header-only metadata of media items: image sizes, video frame counts, encoded byte sizes.
 
-A reference (:class:`schemas.media_ref.MediaRef`) names a file or a key of an LMDB
-environment whose value is the original encoded image. Nothing here decodes pixels: image
+A reference (:class:`schemas.media_ref.MediaRef`) names a file, a key of an LMDB
+environment whose value is the original encoded image, or a cell of a Parquet / Arrow file
+holding the encoded bytes (:mod:`prep.sources.tables`). Nothing here decodes pixels: image
 sizes come from the file header (plus the EXIF orientation tag, which transformers'
 ``load_image`` applies), video metadata from the container (PyAV). A truncated JPEG/PNG is
 caught by its missing end marker. The encoded size (``num_bytes``) is taken while the header
@@ -19,6 +20,7 @@ from typing import IO
 import lmdb
 from PIL import Image, UnidentifiedImageError
 
+from schemas.dataset_config import ConfigError
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
 
@@ -99,6 +101,8 @@ def read_bytes(ref: MediaRef, pool: LmdbPool) -> bytes:
     """The original encoded bytes of a media item (for verification and shard writing)."""
     if ref.key is not None:
         return pool.get(ref)
+    if ref.is_table_cell:
+        return _cell(ref)
     try:
         return Path(ref.path).read_bytes()
     except FileNotFoundError as exc:
@@ -109,6 +113,8 @@ def image_header(ref: MediaRef, pool: LmdbPool) -> ImageHeader:
     """Size as the processor will see the image and encoded size, from the header only."""
     if ref.key is not None:
         return _read_header(io.BytesIO(pool.get(ref)), ref.format())
+    if ref.is_table_cell:
+        return _read_header(io.BytesIO(_cell(ref)), ref.format())
     if not Path(ref.path).is_file():
         raise MediaError(Reason.MISSING_MEDIA, f"file {ref.path!r} does not exist")
     with open(ref.path, "rb") as fh:
@@ -144,10 +150,21 @@ def _check_trailer(fh: IO[bytes], fmt: str | None, num_bytes: int, uri: str) -> 
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: truncated {fmt} (no end marker)")
 
 
+def _cell(ref: MediaRef) -> bytes:
+    """Bytes embedded in a table file; a vanished file or cell is ``missing_media``."""
+    from prep.sources.tables import TableCellError, cell_bytes  # deferred: pyarrow readers only for tables
+
+    try:
+        return cell_bytes(ref)
+    except (TableCellError, FileNotFoundError, ConfigError) as exc:
+        raise MediaError(Reason.MISSING_MEDIA, f"{ref.format()}: {exc}") from exc
+
+
 def video_header(ref: MediaRef) -> VideoHeader:
     """Container metadata and file size of a video, without decoding frames."""
-    meta = video_meta(ref)  # raises MediaError unless ref is a readable video file
-    return VideoHeader(meta=meta, num_bytes=os.stat(ref.path).st_size)
+    meta = video_meta(ref)  # raises MediaError unless ref is a readable video file or table cell
+    num_bytes = len(_cell(ref)) if ref.is_table_cell else os.stat(ref.path).st_size
+    return VideoHeader(meta=meta, num_bytes=num_bytes)
 
 
 def video_meta(ref: MediaRef) -> VideoMeta:
@@ -156,11 +173,12 @@ def video_meta(ref: MediaRef) -> VideoMeta:
 
     if ref.key is not None:
         raise MediaError(Reason.BAD_VIDEO, f"{ref.format()}: videos are read from files, not LMDB")
-    if not Path(ref.path).is_file():
+    if not ref.is_table_cell and not Path(ref.path).is_file():
         raise MediaError(Reason.MISSING_MEDIA, f"file {ref.path!r} does not exist")
     uri = ref.format()
+    source: str | IO[bytes] = io.BytesIO(_cell(ref)) if ref.is_table_cell else ref.path
     try:
-        with av.open(ref.path) as container:
+        with av.open(source, mode="r") as container:
             if not container.streams.video:
                 raise MediaError(Reason.BAD_VIDEO, f"{uri}: no video stream")
             stream = container.streams.video[0]
