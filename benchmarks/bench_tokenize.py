@@ -55,7 +55,7 @@ def make_dataset(root: Path, num_samples: int, seed: int) -> Path:
                 {"role": "assistant", "content": "Calm."},
             ]
             fh.write(json.dumps({"messages": turns, "images": imgs}) + "\n")
-    config = {"bench": {"file_name": "bench.jsonl", "media_dir": "media"}}
+    config = {"bench": {"file_name": "bench.jsonl", "formatting": "sharegpt", "media_dir": "media"}}
     (root / "dataset_info.json").write_text(json.dumps(config))
     build_processor_dir(root / "processor", "qwen2_vl")
     return root / "dataset_info.json"

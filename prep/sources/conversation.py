@@ -2,7 +2,10 @@
 
 A user turn with media is a content list (``[{"type": "text", "text": ...}, {"type":
 "image"}, ...]``) so the model's own chat template renders the placeholders; every other
-turn's content is a plain string. ``media`` lists the items in placeholder order.
+turn's content is a plain string (or the record's own content list). An assistant turn
+that calls tools carries ``tool_calls`` and tool answers are ``tool`` turns; ``tools`` holds the
+function definitions, passed to the template as ``apply_chat_template(tools=...)`` takes them.
+``media`` lists the items in placeholder order.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ class MediaItem:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Conversation:
-    """Messages ready for ``apply_chat_template`` and media in placeholder order."""
+    """Messages (and tools) ready for ``apply_chat_template``, media in placeholder order."""
 
     messages: list[Message]
     media: list[MediaItem]
+    tools: list[dict[str, Any]] | None = None

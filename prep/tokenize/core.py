@@ -71,7 +71,7 @@ class SampleTokenizer:
         self, counter: MediaCounter, conv: Conversation, sampling: VideoSampling
     ) -> TokenizedSample:
         counts = [(item.ref.format(), self._count(counter, item.kind, item.ref, sampling)) for item in conv.media]
-        rendered = render_with_spans(self.bundle.tokenizer, self.bundle.chat_template, conv.messages)
+        rendered = render_with_spans(self.bundle.tokenizer, self.bundle.chat_template, conv.messages, conv.tools)
         placeholders: dict[MediaKind, int] = {"image": counter.image_token_id, "video": counter.video_token_id}
         text_kinds = _text_level_kinds(counts)
         for kind in text_kinds:

@@ -76,7 +76,7 @@ def run_processor(
 ) -> tuple[RenderedText, BatchFeature, MediaInputs]:
     """Render with the chat template and call the processor on text + decoded media."""
     processor = _require_processor(bundle)
-    rendered = render_with_spans(bundle.tokenizer, bundle.chat_template, conv.messages)
+    rendered = render_with_spans(bundle.tokenizer, bundle.chat_template, conv.messages, conv.tools)
     media = _media_inputs(bundle, conv, lmdb)
     kwargs: dict[str, Any] = dict(extra)
     if media.videos:

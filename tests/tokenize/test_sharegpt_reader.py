@@ -33,7 +33,11 @@ def _spec(tmp_path: Path, lines: list[bytes], ratio: float = 1.0) -> DatasetSpec
     (tmp_path / "media").mkdir(exist_ok=True)
     (tmp_path / "d.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     cfg = tmp_path / "dataset_info.json"
-    cfg.write_text(json.dumps({"d": {"file_name": "d.jsonl", "media_dir": "media", "sample_ratio": ratio}}))
+    cfg.write_text(
+        json.dumps(
+            {"d": {"file_name": "d.jsonl", "formatting": "sharegpt", "media_dir": "media", "sample_ratio": ratio}}
+        )
+    )
     return load_dataset_config(cfg)[0]
 
 
@@ -91,6 +95,6 @@ def test_copies_follow_sample_ratio(tmp_path):
 
 
 def test_unknown_formatting_names_the_known_ones(tmp_path):
-    spec = replace(_spec(tmp_path, [json.dumps(GOOD).encode()]), formatting="alpaca")
-    with pytest.raises(ConfigError, match="'alpaca' has no reader; known: \\['sharegpt'\\]"):
+    spec = replace(_spec(tmp_path, [json.dumps(GOOD).encode()]), formatting="openai")
+    with pytest.raises(ConfigError, match="'openai' has no reader; known: \\['alpaca', 'sharegpt'\\]"):
         reader_for(spec)

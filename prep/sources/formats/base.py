@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 
 from prep.sources.conversation import Conversation
 from prep.sources.errors import RecordError
-from prep.sources.records import Chunk
+from prep.sources.records import Chunk, decode_record, read_chunk
 from schemas.dataset_config import ConfigError, DatasetSpec
 
 
@@ -36,6 +36,16 @@ class RecordReader(Protocol):
     def read(self, chunk: Chunk) -> Iterator[SourceRecord]:
         """Every record of the chunk used at least once, in file order."""
         ...
+
+
+def read_records(chunk: Chunk, convert: Callable[[object], Conversation]) -> Iterator[SourceRecord]:
+    """The chunk's used records, each converted; a record the converter refuses carries its error."""
+    for raw in read_chunk(chunk):
+        try:
+            parsed: Conversation | RecordError = convert(decode_record(raw))
+        except RecordError as exc:
+            parsed = exc
+        yield SourceRecord(source=chunk.source, line=raw.line, copies=raw.copies, parsed=parsed)
 
 
 ReaderFactory = Callable[[DatasetSpec], RecordReader]

@@ -1,11 +1,14 @@
-"""ShareGPT records (JSON array or JSONL) -> conversations.
+"""ShareGPT records -> conversations (LLaMA-Factory ``formatting: sharegpt``).
 
-Both spellings are accepted: ``{"role": "user", "content": ...}`` and
-``{"from": "human", "value": ...}``; the spec's ``columns`` and ``tags`` rename them.
-``<image>``/``<video>`` tags in user turns take the next entry of the record's media lists,
-in order; a tag count that differs from the list length is an error, never a silent fix.
-Media entries are references (:class:`schemas.media_ref.MediaRef`) relative to the spec's
-``media_dir``.
+Both spellings are accepted: ``{"from": "human", "value": ...}`` (LLaMA-Factory's tags, the
+default) and ``{"role": "user", "content": ...}`` (OpenAI); the spec's ``columns`` and
+``tags`` rename them, and a record without the configured turns column (``conversations``)
+is read from ``messages`` when it has one. Roles: user, assistant, system, ``function_call``
+(an assistant turn calling tools) and ``observation`` (the tool's answer, a ``tool`` turn);
+see :mod:`prep.sources.formats.tools`. A first turn with the system tag is the system prompt,
+replacing the ``system`` column, as in LLaMA-Factory's ``SharegptDatasetConverter``. Turn
+contents are strings with ``<image>``/``<video>`` tags or content lists
+(:mod:`prep.sources.formats.content`).
 
 Example: ``{"conversations": [{"from": "human", "value": "<image>Describe."}, {"from":
 "gpt", "value": "A cat."}], "images": ["a.jpg"]}`` -> messages ``[{"role": "user",
@@ -15,22 +18,30 @@ Example: ``{"conversations": [{"from": "human", "value": "<image>Describe."}, {"
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from pathlib import PurePosixPath
+from dataclasses import dataclass
 from typing import Any
 
-from prep.sources.conversation import Conversation, MediaItem, MediaKind, Message
+from prep.sources.conversation import Conversation, Message
 from prep.sources.errors import RecordError
-from prep.sources.formats.base import SourceRecord, register_reader
-from prep.sources.records import Chunk, decode_record, read_chunk
+from prep.sources.formats.base import SourceRecord, read_records, register_reader
+from prep.sources.formats.content import MediaCursor, media_list
+from prep.sources.formats.tools import assistant_tool_calls, function_call_message, parse_tools
+from prep.sources.records import Chunk
 from schemas.dataset_config import DatasetSpec
-from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
 
-MEDIA_TAG = re.compile(r"<image>|<video>")
-KNOWN_ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
+KNOWN_ROLES = {
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "observation": "tool",
+    "function_call": "function_call",
+}
+OTHER_TURNS_COLUMN = {"conversations": "messages", "messages": "conversations"}
 
 
 @register_reader("sharegpt")
@@ -41,96 +52,72 @@ class ShareGPTReader:
     spec: DatasetSpec
 
     def read(self, chunk: Chunk) -> Iterator[SourceRecord]:
-        for raw in read_chunk(chunk):
-            try:
-                parsed: Conversation | RecordError = to_conversation(decode_record(raw), self.spec)
-            except RecordError as exc:
-                parsed = exc
-            yield SourceRecord(source=chunk.source, line=raw.line, copies=raw.copies, parsed=parsed)
+        return read_records(chunk, lambda record: to_conversation(record, self.spec))
 
 
 def to_conversation(record: object, spec: DatasetSpec) -> Conversation:
     """Validate a ShareGPT record and turn it into chat-template messages."""
     if not isinstance(record, dict):
         raise RecordError(Reason.BAD_RECORD, f"record must be a JSON object, got {type(record).__name__}")
-    turns = record.get(spec.columns.messages)
-    if not isinstance(turns, list) or not turns:
-        raise RecordError(Reason.EMPTY_CONVERSATION, f"no turns in column {spec.columns.messages!r}")
-    images = _media_list(record, spec.columns.images, spec, "image")
-    videos = _media_list(record, spec.columns.videos, spec, "video")
+    turns = _turns(record, spec)
+    cursor = MediaCursor(
+        spec=spec,
+        images=media_list(record, spec.columns.images, spec, "image"),
+        videos=media_list(record, spec.columns.videos, spec, "video"),
+    )
+    parsed = [_role(turn, spec) for turn in turns]
     messages: list[Message] = []
-    system = record.get(spec.columns.system)
-    if isinstance(system, str) and system:
+    system = record.get(spec.columns.system) if spec.columns.system else None
+    if parsed[0][0] != "system" and isinstance(system, str) and system:
         messages.append({"role": "system", "content": system})
-    media: list[MediaItem] = []
-    for turn in turns:
-        if not isinstance(turn, dict):
-            raise RecordError(Reason.BAD_RECORD, "every turn must be a JSON object")
-        role, text = _role(turn, spec)
-        if role != "user" and MEDIA_TAG.search(text):
-            raise RecordError(Reason.MEDIA_TAG_MISMATCH, f"media tag in a {role} turn; tags belong in user turns")
-        if role == "user" and MEDIA_TAG.search(text):
-            messages.append({"role": role, "content": _split_media(text, images, videos, media)})
-        else:
-            messages.append({"role": role, "content": text})
-    _check_all_used(media, images, videos)
+    for role, content, turn in parsed:
+        messages.append(_message(role, content, turn, cursor))
+    cursor.check_all_used()
     if not any(m["role"] == "assistant" for m in messages):
         raise RecordError(Reason.EMPTY_CONVERSATION, "no assistant turn: nothing to learn from")
-    return Conversation(messages=messages, media=media)
+    tools = parse_tools(record.get(spec.columns.tools)) if spec.columns.tools else None
+    return Conversation(messages=messages, media=cursor.media, tools=tools)
 
 
-def _media_list(record: dict[str, Any], column: str, spec: DatasetSpec, kind: MediaKind) -> list[MediaRef]:
-    entries = record.get(column) or []
-    if isinstance(entries, str):
-        entries = [entries]
-    if not isinstance(entries, list) or not all(isinstance(e, str) and e for e in entries):
-        raise RecordError(Reason.BAD_RECORD, f"{column!r} must be a list of {kind} paths")
-    return [_resolve(e, spec) for e in entries]
+def _turns(record: dict[str, Any], spec: DatasetSpec) -> list[Any]:
+    column = spec.columns.messages
+    turns = record.get(column)
+    if turns is None and OTHER_TURNS_COLUMN.get(column) in record:
+        column = OTHER_TURNS_COLUMN[column]
+        turns = record[column]
+    if not isinstance(turns, list) or not turns:
+        raise RecordError(Reason.EMPTY_CONVERSATION, f"no turns in column {column!r}")
+    if not all(isinstance(turn, dict) for turn in turns):
+        raise RecordError(Reason.BAD_RECORD, "every turn must be a JSON object")
+    return turns
 
 
-def _resolve(entry: str, spec: DatasetSpec) -> MediaRef:
-    """The entry's reference with a normalised path (``/a/./b.jpg`` -> ``/a/b.jpg``), as stored."""
-    ref = MediaRef.parse(entry, str(spec.media_dir))
-    return replace(ref, path=str(PurePosixPath(ref.path)))
-
-
-def _role(message: dict[str, Any], spec: DatasetSpec) -> tuple[str, str]:
+def _role(turn: dict[str, Any], spec: DatasetSpec) -> tuple[str, object, dict[str, Any]]:
+    """(role, raw content, turn); role one of user/assistant/system/tool/function_call."""
     tags = spec.tags
-    role = message.get(tags.role_tag, message.get("role", message.get("from")))
-    content = message.get(tags.content_tag, message.get("content", message.get("value")))
-    mapping = {tags.user_tag: "user", tags.assistant_tag: "assistant", tags.system_tag: "system"}
+    role = turn.get(tags.role_tag, turn.get("role", turn.get("from")))
+    content = turn.get(tags.content_tag, turn.get("content", turn.get("value")))
+    mapping = {
+        tags.user_tag: "user",
+        tags.assistant_tag: "assistant",
+        tags.system_tag: "system",
+        tags.observation_tag: "tool",
+        tags.function_tag: "function_call",
+    }
     resolved = (mapping.get(role) or KNOWN_ROLES.get(role)) if isinstance(role, str) else None
     if resolved is None:
         raise RecordError(Reason.BAD_ROLE, f"unknown role {role!r}")
-    if not isinstance(content, str):
-        raise RecordError(Reason.BAD_RECORD, f"content of a {resolved} turn must be a string")
-    return resolved, content
+    return resolved, content, turn
 
 
-def _split_media(
-    text: str, images: list[MediaRef], videos: list[MediaRef], media: list[MediaItem]
-) -> list[dict[str, str]]:
-    """Content list for one user turn; consumes media refs in tag order."""
-    items: list[dict[str, str]] = []
-    pos = 0
-    for match in MEDIA_TAG.finditer(text):
-        if match.start() > pos:
-            items.append({"type": "text", "text": text[pos : match.start()]})
-        kind: MediaKind = "image" if match.group() == "<image>" else "video"
-        pool = images if kind == "image" else videos
-        used = sum(1 for m in media if m.kind == kind)
-        if used >= len(pool):
-            raise RecordError(Reason.MEDIA_TAG_MISMATCH, f"more <{kind}> tags than {kind}s ({len(pool)})")
-        media.append(MediaItem(kind=kind, ref=pool[used]))
-        items.append({"type": kind})
-        pos = match.end()
-    if pos < len(text):
-        items.append({"type": "text", "text": text[pos:]})
-    return items
-
-
-def _check_all_used(media: list[MediaItem], images: list[MediaRef], videos: list[MediaRef]) -> None:
-    for kind, pool in (("image", images), ("video", videos)):
-        used = sum(1 for m in media if m.kind == kind)
-        if used != len(pool):
-            raise RecordError(Reason.MEDIA_TAG_MISMATCH, f"{used} <{kind}> tags but {len(pool)} {kind}s listed")
+def _message(role: str, content: object, turn: dict[str, Any], cursor: MediaCursor) -> Message:
+    if role == "function_call":
+        return function_call_message(content)
+    if role == "assistant" and turn.get("tool_calls"):
+        text = content if isinstance(content, str) else ""
+        return assistant_tool_calls(turn, text)
+    if role == "tool" and not isinstance(content, str):
+        raise RecordError(Reason.BAD_RECORD, "content of an observation (tool) turn must be a string")
+    if content is None:
+        raise RecordError(Reason.BAD_RECORD, f"a {role} turn has no content")
+    return {"role": role, "content": cursor.content(role, content)}
