@@ -1,0 +1,330 @@
+"""Gemma 3: the closed form against the real ``Gemma3Processor`` + ``Gemma3ImageProcessorPil``.
+
+The processor directory is :func:`prep.example.families.gemma3.build_gemma3_processor_dir`:
+settings of google/gemma-3-4b-it (896 x 896, ``image_seq_length`` 256, its chat template
+verbatim from its ``tokenizer_config.json``), a small BPE loaded by transformers'
+``GemmaTokenizer`` (merges cross newlines, so ``"\\n\\n"`` joins its neighbours as in the real
+vocabulary) with Gemma's special tokens. Pan-and-scan is tested off (the checkpoint's default:
+``Gemma3Processor.images_kwargs`` forces False) and on (the processor instance's
+``images_kwargs`` turned on, which ``_merge_kwargs`` passes to every call, as a user would).
+
+Oracle: the processor's own ``apply_chat_template(..., tokenize=True)`` on image *paths* (it
+decodes and EXIF-transposes them itself) and, for crop counts, the image processor's own
+``pan_and_scan``; compared with what ``SampleTokenizer`` and the ``prep tokenize`` stage store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from prep.example.families.gemma3 import BOI, EOI, IMAGE_SOFT, build_gemma3_processor_dir
+from prep.example.media import make_image_bytes, write_video
+from prep.run import LOCAL
+from prep.sources.formats.sharegpt import to_conversation
+from prep.sources.media import VideoMeta
+from prep.tokenize.core import SampleTokenizer
+from prep.tokenize.errors import SampleError
+from prep.tokenize.families.base import find_counter, image_attention
+from prep.tokenize.families.gemma3 import Gemma3Counter
+from prep.tokenize.processor import ProcessorBundle, load_processor
+from prep.tokenize.stage import TokenizeConfig, run_tokenize
+from schemas.dataset_config import VideoSampling, load_dataset_config
+from schemas.layout import ERRORS_DIR, SAMPLES_DIR
+from schemas.reasons import Reason
+from schemas.tokenized import list_parts, open_part
+
+MODES = ("pan_and_scan_off", "pan_and_scan_on")
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_gemma3_processor_dir(tmp_path_factory.mktemp("gemma3") / "processor")
+
+
+@pytest.fixture(scope="module")
+def bundles(gemma_dir: Path) -> dict[str, ProcessorBundle]:
+    """Two loads of the same directory; the second with pan-and-scan on through the processor's kwargs."""
+    off, on = load_processor(str(gemma_dir)), load_processor(str(gemma_dir))
+    assert on.processor is not None
+    on.processor.images_kwargs = {**type(on.processor).images_kwargs, "do_pan_and_scan": True}
+    return {"pan_and_scan_off": off, "pan_and_scan_on": on}
+
+
+def _ids(bundle: ProcessorBundle, *tokens: str) -> list[int]:
+    return [int(i) for i in bundle.tokenizer.convert_tokens_to_ids(list(tokens))]
+
+
+def test_load_processor_builds_the_real_processor_on_cpu(bundles):
+    off, on = bundles["pan_and_scan_off"], bundles["pan_and_scan_on"]
+    assert off.processor_class == "Gemma3Processor" and type(off.processor).__name__ == "Gemma3Processor"
+    assert type(off.image_processor).__name__ == "Gemma3ImageProcessorPil"
+    counter = find_counter("Gemma3Processor")(off)
+    assert isinstance(counter, Gemma3Counter)
+    assert counter.image_token_id == off.processor.image_token_id == _ids(off, BOI)[0]
+    assert counter.image_seq_length == off.processor.image_seq_length == 256
+    assert counter.full_image_sequence == off.processor.full_image_sequence
+    assert image_attention(counter) == "bidirectional"
+    # the file says null, the processor class says False / 256 / 4 / 1.2
+    assert off.image_processor.do_pan_and_scan is None and counter.pan_and_scan is None
+    pas = Gemma3Counter.from_processor(on).pan_and_scan
+    assert pas is not None and (pas.min_crop_size, pas.max_num_crops, pas.min_ratio_to_activate) == (256, 4, 1.2)
+
+
+def test_the_bpe_merge_trap_is_real_in_this_vocabulary(bundles):
+    """Splicing the expansion as ids would differ: ``"\\n\\n"`` merges with the text around it."""
+    tok = bundles["pan_and_scan_off"].tokenizer
+    for left, right in (("abc", "\n\n"), ("Look:", "\n\n"), ("\n\n", "def"), ("\n", "\n\n")):
+        joined = tok(left + right, add_special_tokens=False)["input_ids"]
+        apart = tok(left, add_special_tokens=False)["input_ids"] + tok(right, add_special_tokens=False)["input_ids"]
+        assert joined != apart, (left, right)
+
+
+# name -> (width, height, mode, format, EXIF orientation)
+IMAGES = {
+    "tiny1": (1, 1, "RGB", "PNG", None),
+    "tiny10": (10, 10, "RGB", "JPEG", None),
+    "wide": (3000, 16, "RGB", "PNG", None),
+    "tall": (16, 3000, "RGB", "PNG", None),
+    "ratio205": (4100, 20, "RGB", "PNG", None),  # > 200:1
+    "odd": (333, 517, "RGB", "JPEG", None),  # portrait 1.55: 2 crops of 333x259
+    "odd2": (1537, 29, "RGB", "JPEG", None),
+    "pas3": (1200, 400, "RGB", "JPEG", None),  # 3 crops
+    "pas4": (300, 1100, "RGB", "PNG", None),  # 4 crops of 300x275
+    "exif6": (900, 300, "RGB", "JPEG", 6),  # stored 900x300, shown 300x900: 3 crops in a column
+    "exif8": (96, 40, "RGB", "JPEG", 8),
+    "rgba": (700, 280, "RGBA", "PNG", None),  # 2.5:1 -> 3 crops (half rounds up)
+    "gray": (70, 130, "L", "PNG", None),
+}
+
+
+@pytest.fixture(scope="module")
+def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("gemma3_media")
+    for name, (width, height, mode, fmt, orientation) in IMAGES.items():
+        suffix = "jpg" if fmt == "JPEG" else "png"
+        (root / f"{name}.{suffix}").write_bytes(make_image_bytes(width, height, mode, fmt, orientation, seed=width))
+    Image.new("RGB", (8000, 6000), (30, 120, 200)).save(root / "huge.jpg", quality=50)  # 2 crops when on
+    write_video(root / "clip.mp4", 8, 4.0, 64, 48)
+    return root
+
+
+def _file(media_dir: Path, name: str) -> str:
+    return next(p.name for p in media_dir.iterdir() if p.stem == name)
+
+
+def _records(media_dir: Path) -> list[dict]:
+    """ShareGPT records: every image alone, then the combinations the issue asks for."""
+    f = lambda name: _file(media_dir, name)  # noqa: E731
+    one = [
+        {
+            "messages": [
+                {"role": "user", "content": f"<image>Describe {name}."},
+                {"role": "assistant", "content": f"It is {name}."},
+            ],
+            "images": [f(name)],
+        }
+        for name in [*IMAGES, "huge"]
+    ]
+    many = [
+        {  # several images in one turn, text touching the tag on both sides
+            "messages": [
+                {"role": "user", "content": "abc<image><image>def<image>ghi"},
+                {"role": "assistant", "content": "Three images."},
+            ],
+            "images": [f("odd"), f("exif6"), f("huge")],
+        },
+        {  # images in several turns, with a system prompt (the first user turn's prefix)
+            "messages": [
+                {"role": "system", "content": "Look:"},
+                {"role": "user", "content": "<image>What is it?"},
+                {"role": "assistant", "content": "A cat."},
+                {"role": "user", "content": "And here?<image>"},
+                {"role": "assistant", "content": "A dog on a red table."},
+                {"role": "user", "content": "x<image>y"},
+                {"role": "assistant", "content": "The tree."},
+            ],
+            "images": [f("rgba"), f("gray"), f("pas4")],
+        },
+        {  # the same image twice, and the 1x1 beside the 205:1
+            "messages": [
+                {"role": "user", "content": "<image>1<image><image>"},
+                {"role": "assistant", "content": "Same."},
+            ],
+            "images": [f("tiny1"), f("ratio205"), f("tiny1")],
+        },
+    ]
+    return one + many
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
+
+
+def _spec(tmp_path: Path, media_dir: Path, records: list[dict]):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
+    config = tmp_path / "dataset_info.json"
+    _write_json(config, {"g3": {"file_name": str(data), "formatting": "sharegpt", "media_dir": str(media_dir)}})
+    return config, load_dataset_config(config)[0]
+
+
+def _hf_ids(bundle: ProcessorBundle, messages: list[dict], paths: list[str]) -> list[int]:
+    """The processor's own template + image loading (from paths, EXIF applied) + expansion."""
+    images = iter(paths)
+    conversation = [
+        {
+            "role": m["role"],
+            "content": [{"type": "image", "path": next(images)} if c["type"] == "image" else c for c in m["content"]]
+            if isinstance(m["content"], list)
+            else m["content"],
+        }
+        for m in messages
+    ]
+    assert bundle.processor is not None
+    out = bundle.processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
+    return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
+
+
+def _shown_size(im: Image.Image) -> tuple[int, int]:
+    orientation = im.getexif().get(0x0112, 1)
+    return (im.height, im.width) if orientation in (5, 6, 7, 8) else im.size
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sample_tokenizer_equals_the_processor(bundles, media_dir, tmp_path, mode):
+    bundle = bundles[mode]
+    tokenizer = SampleTokenizer(bundle)
+    boi, eoi, soft = _ids(bundle, BOI, EOI, IMAGE_SOFT)
+    records = _records(media_dir)
+    _, spec = _spec(tmp_path, media_dir, records)
+    tiles = []
+    for record in records:
+        conv = to_conversation(record, spec)
+        sample = tokenizer.tokenize(conv, VideoSampling())
+        expected = _hf_ids(bundle, conv.messages, [item.ref.path for item in conv.media])
+        assert sample.input_ids == expected, record["images"]
+        # loss mask: exactly the replies and their <end_of_turn>\n (no {% generation %} in the template)
+        learned = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
+        replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+        assert bundle.tokenizer.decode(learned) == "".join(r + "<end_of_turn>\n" for r in replies)
+        assert not any(m for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if t in (boi, eoi, soft))
+        assert sample.input_ids.count(soft) == sum(c.num_tokens for _, c in sample.media)
+        assert sample.input_ids.count(boi) == sum(c.num_tiles for _, c in sample.media)
+        for (_, count), item in zip(sample.media, conv.media, strict=True):
+            with Image.open(item.ref.path) as im:
+                assert (count.width, count.height) == _shown_size(im)
+            tiles.append(count.num_tiles)
+    if mode == "pan_and_scan_off":
+        assert set(tiles) == {1}
+    else:  # the set exercises 0, 2, 3 and 4 crops
+        assert {1, 3, 4, 5} <= set(tiles)
+
+
+def test_video_is_an_unsupported_media_error(bundles):
+    counter = find_counter("Gemma3Processor")(bundles["pan_and_scan_off"])
+    with pytest.raises(SampleError) as err:
+        counter.count_video(VideoMeta(num_frames=8, fps=4.0, width=64, height=48), VideoSampling())
+    assert err.value.reason == Reason.UNSUPPORTED_MEDIA and "no video" in str(err.value)
+
+
+def _table(out: Path, table: str) -> pa.Table:
+    return pa.concat_tables([open_part(p) for p in list_parts(out, table)])
+
+
+def test_stage_stores_the_processor_ids_and_error_rows(gemma_dir, bundles, media_dir, tmp_path):
+    """``prep tokenize`` on a small dataset, every sample verified by the stage against the processor too."""
+    video = {
+        "messages": [{"role": "user", "content": "<video>x"}, {"role": "assistant", "content": "y"}],
+        "videos": ["clip.mp4"],
+    }
+    records = _records(media_dir)[-3:] + [video]
+    config, spec = _spec(tmp_path, media_dir, records)
+    out = tmp_path / "out"
+    manifest = run_tokenize(
+        TokenizeConfig(
+            dataset_config=str(config),
+            processor=str(gemma_dir),
+            output_dir=str(out),
+            verify_fraction=1.0,
+            max_error_rate=1.0,
+            executor=LOCAL,
+        )
+    )
+    errors = _table(out, ERRORS_DIR).to_pylist()
+    assert [e["reason"] for e in errors] == ["unsupported_media"]
+    rows = _table(out, SAMPLES_DIR).to_pylist()
+    assert len(rows) == len(records) - 1 and manifest.verify.checked == len(rows)
+    bundle = bundles["pan_and_scan_off"]
+    for row in rows:
+        conv = to_conversation(records[row["line"]], spec)
+        assert row["input_ids"] == _hf_ids(bundle, conv.messages, [i.ref.path for i in conv.media])
+
+
+def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
+    """Log-uniform sides 1..4000, plus the rule's edges: ratios near 1.2 and n + 0.5, sides near k x 256."""
+    sizes = []
+    for _ in range(n):
+        w, h = (max(1, int(math.exp(rng.uniform(0, math.log(4000))))) for _ in range(2))
+        pick = rng.random()
+        if pick < 0.15:  # aspect ratio at / around the activation threshold
+            h = rng.randint(1, 2000)
+            w = max(1, round(h * 1.2) + rng.choice([-1, 0, 0, 1]))
+        elif pick < 0.3:  # aspect ratio at / around n + 0.5 (half rounds up)
+            h = rng.randint(100, 1200)
+            w = max(1, round(h * rng.choice([1.5, 2.5, 3.5, 4.5])) + rng.choice([-1, 0, 0, 1]))
+        elif pick < 0.45:  # long side near a multiple of the minimum crop
+            w = 256 * rng.randint(1, 6) + rng.choice([-1, 0, 1])
+            h = rng.randint(200, 600)
+        sizes.append((w, h) if rng.random() < 0.5 else (h, w))
+    return sizes
+
+
+def test_property_crops_equal_the_image_processor(bundles):
+    """500 random (width, height): our crop grid equals ``Gemma3ImageProcessorPil.pan_and_scan``'s crops."""
+    bundle = bundles["pan_and_scan_on"]
+    counter = Gemma3Counter.from_processor(bundle)
+    pas = counter.pan_and_scan
+    assert pas is not None
+    ip = bundle.image_processor
+    seen = set()
+    for width, height in _property_sizes(random.Random("gemma3-pan-and-scan"), 500):
+        crops = ip.pan_and_scan(
+            image=np.zeros((3, height, width), dtype=np.uint8),
+            pan_and_scan_min_crop_size=pas.min_crop_size,
+            pan_and_scan_max_num_crops=pas.max_num_crops,
+            pan_and_scan_min_ratio_to_activate=pas.min_ratio_to_activate,
+        )
+        rows, cols = counter.crop_grid(width, height)
+        assert rows * cols == len(crops), (width, height)
+        if crops:  # the grid's shape too: one row of crops for landscape, one column for portrait
+            assert (rows == 1) == (width >= height) and (crops[0].shape[1], crops[0].shape[2]) == (
+                math.ceil(height / rows),
+                math.ceil(width / cols),
+            )
+        seen.add(len(crops))
+    assert seen == {0, 2, 3, 4}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_property_processor_call_equals_the_expansion(bundles, mode):
+    """40 random sizes through the whole processor call: tiles and the expanded ids equal ours."""
+    bundle = bundles[mode]
+    assert bundle.processor is not None
+    counter = Gemma3Counter.from_processor(bundle)
+    tok = bundle.tokenizer
+    for width, height in _property_sizes(random.Random(f"gemma3-call-{mode}"), 40):
+        text = f"a{BOI}b"
+        out = bundle.processor(text=[text], images=[Image.new("RGB", (width, height))], return_tensors="np")
+        count = counter.count_image(width, height)
+        assert out["pixel_values"].shape[0] == count.num_tiles, (width, height)
+        assert count.expansion_text is not None
+        ours = tok("a" + count.expansion_text + "b")["input_ids"]
+        assert list(out["input_ids"][0]) == ours, (width, height)
