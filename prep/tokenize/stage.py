@@ -25,7 +25,7 @@ from packvlm.faults import crash_point
 from prep.outputs import claim_output_dir, file_fingerprint
 from prep.run import ExecutorConfig, run_tasks
 from prep.sources.records import Chunk, plan_chunks
-from schemas.dataset_config import DatasetSpec, load_dataset_config, spec_to_json
+from schemas.dataset_config import DatasetSpec, read_dataset_config, spec_to_json
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, part_name
 from schemas.manifest import ProcessorIdentity, TokenizeInputs, TokenizeManifest
 from schemas.stages import Stage
@@ -157,7 +157,10 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
     """Plan, execute (resuming), check conservation, write the manifest; returns it."""
     from prep.tokenize.summary import summarize_output
 
-    specs = load_dataset_config(config.dataset_config, list(config.datasets) or None)
+    loaded = read_dataset_config(config.dataset_config, list(config.datasets) or None)
+    specs = loaded.specs
+    for entry in loaded.skipped:
+        log.warning("skipped: %s", entry.why)
     processor = _processor_identity(config.processor)  # loadable before anything is written
     chunks = plan_chunks(specs, rows_per_chunk=config.rows_per_chunk, seed=config.seed)
     out = Path(config.output_dir)
@@ -201,6 +204,8 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
     )
     crash_point("tokenize.before_manifest")
     write_json_atomic(out / MANIFEST_FILE, manifest.to_json())
+    for entry in loaded.skipped:  # again beside the summary: these entries were not tokenized
+        log.warning("skipped: %s", entry.why)
     check_error_budget(manifest, config.max_error_rate, out)
     return manifest
 
@@ -209,20 +214,26 @@ def check_error_budget(manifest: TokenizeManifest, max_error_rate: float, out: P
     """Fail when any dataset lost more than ``max_error_rate`` of its rows (or yielded no sample).
 
     Raises:
-        ErrorRateExceeded: Names each dataset over budget with its rate and the counts by reason.
+        ErrorRateExceeded: Names each dataset over budget with its rate, its top error reasons
+            with an example row (sample_id + message) each, and the per-dataset table.
     """
-    over = []
+    from prep.tokenize.summary import error_examples, format_dataset_table
+
+    over = {}
     for name, rows in manifest.per_dataset.items():
         total = rows.samples + rows.errors
         rate = rows.errors / total if total else 0.0
         if rate > max_error_rate or (total and not rows.samples and max_error_rate < 1.0):
-            over.append(f"{name} {rows.errors:,}/{total:,} rows ({rate:.1%})")
+            over[name] = f"{name} {rows.errors:,}/{total:,} rows ({rate:.1%})"
     if over:
-        reasons = ", ".join(f"{reason} {count:,}" for reason, count in manifest.errors_by_reason.items())
+        lines = [f"error rate over --max-error-rate {max_error_rate:.1%}: {'; '.join(over.values())}"]
+        for name, examples in error_examples(out, set(over)).items():
+            lines.append(f"  dataset {name!r}, top error reasons:")
+            lines += [f"    {e.reason} {e.count:,}, e.g. {e.sample_id}: {e.message}" for e in examples]
+        lines += ["per dataset:", format_dataset_table(manifest)]
         raise ErrorRateExceeded(
-            f"error rate over --max-error-rate {max_error_rate:.1%}: {'; '.join(over)}; by reason: {reasons}. "
-            f"Outputs are kept in {out}: see why with `prep errors {out}`; fix the data or raise --max-error-rate "
-            "(rerunning with only that change resumes)"
+            "\n".join(lines) + f"\nOutputs are kept in {out}: see why with `prep errors {out}`; fix the data or "
+            "raise --max-error-rate (rerunning with only that change resumes)"
         )
 
 

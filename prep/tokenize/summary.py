@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -62,6 +62,52 @@ def summarize_output(out: Path, chunk_indices: list[int]) -> OutputSummary:
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReasonExample:
+    """How often a reason hit one dataset, and its first row (sample_id + message)."""
+
+    reason: str
+    count: int
+    sample_id: str
+    message: str
+
+
+@dataclass(kw_only=True, slots=True)
+class _Tally:
+    counts: Counter[str] = field(default_factory=Counter)
+    first: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def error_examples(out: Path, datasets: set[str], top: int = 3) -> dict[str, list[ReasonExample]]:
+    """Each named dataset's ``top`` error reasons, most frequent first, with an example row each."""
+    tallies = {name: _Tally() for name in datasets}
+    for part in sorted((out / ERRORS_DIR).glob("part-*.arrow")):
+        table = open_part(part).select(["sample_id", "dataset", "reason", "message"])
+        for row in table.to_pylist():
+            tally = tallies.get(row["dataset"])
+            if tally is not None:
+                tally.counts[row["reason"]] += 1
+                tally.first.setdefault(row["reason"], (row["sample_id"], row["message"]))
+    return {
+        name: [
+            ReasonExample(reason=r, count=n, sample_id=t.first[r][0], message=t.first[r][1])
+            for r, n in sorted(t.counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+        ]
+        for name, t in tallies.items()
+    }
+
+
+def format_dataset_table(manifest: TokenizeManifest) -> str:
+    """Rows, errors and error rate of every dataset, one line each."""
+    width = max([len("dataset"), *(len(n) for n in manifest.per_dataset)])
+    lines = [f"  {'dataset':<{width}}  {'samples':>9}  {'errors':>9}  {'error rate':>10}"]
+    for name, rows in manifest.per_dataset.items():
+        total = rows.samples + rows.errors
+        rate = rows.errors / total if total else 0.0
+        lines.append(f"  {name:<{width}}  {rows.samples:>9,}  {rows.errors:>9,}  {rate:>10.1%}")
+    return "\n".join(lines)
+
+
 def format_summary(manifest: TokenizeManifest) -> str:
     """Human-readable end-of-run report."""
     rows, tokens = manifest.rows, manifest.tokens
@@ -73,6 +119,7 @@ def format_summary(manifest: TokenizeManifest) -> str:
     ]
     for reason, count in manifest.errors_by_reason.items():
         lines.append(f"  error {reason}: {count:,}")
+    lines += ["per dataset:", format_dataset_table(manifest)]
     return "\n".join(lines)
 
 
