@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from prep.example.dataset import write_example_dataset
-from prep.example.processors import FAMILIES
+from prep.example.families.base import example_families
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +32,10 @@ logger = logging.getLogger(__name__)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the filler rows.")
 @click.option(
     "--family",
-    type=click.Choice(FAMILIES),
+    type=click.Choice(example_families()),
     default="qwen2_vl",
     show_default=True,
-    help="Processor family written to OUT_DIR/processor (and its tiny model config to OUT_DIR/model).",
+    help="Processor family written to OUT_DIR/processor (Qwen-VL families also write a tiny model to OUT_DIR/model).",
 )
 @click.option(
     "--bad-rows/--no-bad-rows",
@@ -44,11 +44,12 @@ logger = logging.getLogger(__name__)
     help="Include one bad row per error reason.",
 )
 def example_command(out_dir: Path, num_samples: int, seed: int, family: str, bad_rows: bool) -> None:
-    """Write a tiny Qwen-VL processor, model config and multimodal ShareGPT dataset to OUT_DIR (offline)."""
+    """Write a tiny offline processor (Qwen-VL by default), model config and multimodal ShareGPT dataset to OUT_DIR."""
     config_path = write_example_dataset(
         out_dir, num_samples=num_samples, seed=seed, with_bad_rows=bad_rows, family=family
     )
     logger.info("dataset config: %s", config_path)
     logger.info("processor: %s", out_dir / "processor")
-    logger.info("model config (random init): %s", out_dir / "model")
+    if (out_dir / "model").is_dir():
+        logger.info("model config (random init): %s", out_dir / "model")
     click.echo(str(config_path))

@@ -4,7 +4,7 @@ Layout of ``write_example_dataset(out)``::
 
     out/dataset_info.json     two datasets, format of schemas.dataset_config
     out/expected.json         oracle: rows per file, error reason per bad row, named rows
-    out/processor/            build_processor_dir(out/processor, family)
+    out/processor/            the family's example processor (prep.example.families)
     out/model/config.json     tiny random-init model config matching the processor (model.py)
     out/media/*.jpg|png       media.write_image_files
     out/media/images.lmdb/    encoded images under utf-8 keys, referenced "images.lmdb::KEY"
@@ -28,6 +28,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from prep.example.families.base import example_family
 from prep.example.media import (
     garbage_bytes,
     make_image_bytes,
@@ -36,8 +37,6 @@ from prep.example.media import (
     write_lmdb,
     write_video,
 )
-from prep.example.model import write_tiny_model
-from prep.example.processors import build_processor_dir
 from prep.example.rows import bad_chat_rows, named_chat_rows, random_chat_row, sharegpt_records
 
 logger = logging.getLogger(__name__)
@@ -52,6 +51,7 @@ SHAREGPT_TAGS = {
     "assistant_tag": "gpt",
     "system_tag": "system",
 }
+OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
 LMDB = "images.lmdb"
 # name -> (frames, fps, width, height)
 VIDEOS = {
@@ -130,14 +130,17 @@ def write_example_dataset(
             "sharegpt_json" gets ``max(1, num_samples // 4)`` good records.
         seed: Seed of the filler rows; media and processor do not depend on it.
         with_bad_rows: Interleave one bad row per failure reason (see ``expected.json``).
-        family: Processor family for ``processor/`` and ``model/``.
+        family: Example family (:mod:`prep.example.families`) for ``processor/`` and, where
+            ``train`` runs it, ``model/``.
 
     Returns:
         Path of ``dataset_info.json``.
     """
     out_dir = Path(out_dir)
-    build_processor_dir(out_dir / "processor", family)
-    write_tiny_model(out_dir / "model", family, out_dir / "processor")
+    example = example_family(family)
+    example.build_processor(out_dir / "processor")
+    if example.build_model is not None:
+        example.build_model(out_dir / "model", out_dir / "processor")
     refs = _write_media(out_dir / "media")
     (out_dir / "data").mkdir(parents=True, exist_ok=True)
     expected = {
@@ -150,6 +153,8 @@ def write_example_dataset(
         "chat": {
             "file_name": "data/chat.jsonl",
             "formatting": "sharegpt",
+            "columns": {"messages": "messages", "images": "images", "videos": "videos"},
+            "tags": OPENAI_TAGS,
             "media_dir": "media",
             "video": VIDEO_SAMPLING,
         },

@@ -1,0 +1,48 @@
+"""What an example family provides, and the registry ``prep example --family`` reads.
+
+An example family writes a weightless processor directory that the real HF processor class
+loads offline: a small BPE carrying the family's real special tokens, its chat template and
+the image settings of a published checkpoint (named in ``description``). Families that
+``train`` can run also write a tiny random-init model config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExampleFamily:
+    name: str
+    build_processor: Callable[[Path], Path]  # writes the processor directory, returns it
+    description: str  # which checkpoint's settings the processor carries
+    # writes a tiny model config for `train` from (model_dir, processor_dir); None: no train model
+    build_model: Callable[[Path, Path], Path] | None = None
+
+
+_REGISTRY: dict[str, ExampleFamily] = {}
+
+
+def register_example_family(family: ExampleFamily) -> ExampleFamily:
+    """Make ``family`` available to ``prep example --family`` (a name registers once)."""
+    if family.name in _REGISTRY and _REGISTRY[family.name] != family:
+        raise ValueError(f"example family {family.name!r} registered twice")
+    _REGISTRY[family.name] = family
+    return family
+
+
+def example_families() -> tuple[str, ...]:
+    """Registered family names, sorted (the choices of ``--family``)."""
+    import prep.example.families  # noqa: F401  (registers every module)
+
+    return tuple(sorted(_REGISTRY))
+
+
+def example_family(name: str) -> ExampleFamily:
+    """The registered family ``name``; a ValueError lists the choices."""
+    names = example_families()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown example family {name!r}; choose one of {', '.join(names)}")
+    return _REGISTRY[name]
