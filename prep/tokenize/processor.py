@@ -179,10 +179,11 @@ def _image_only_processor(
         return None
 
     class ImageOnly(cls):  # type: ignore[misc, valid-type]
-        """Skips only the class check of the absent video processor (it needs torchvision)."""
+        """Skips only the class checks of the absent video processor (it needs torchvision) and
+        audio feature extractor (Qwen-Omni: audio is never passed, it is an unsupported_media row)."""
 
         def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-            if argument is None and argument_name == "video_processor":
+            if argument is None and argument_name in ("video_processor", "feature_extractor"):
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
