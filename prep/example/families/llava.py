@@ -33,6 +33,7 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from tokenizers.trainers import BpeTrainer
 
+from prep.example.families.base import ExampleFamily, register_example_family
 from prep.example.tokenizer import build_tokenizer, tokenizer_config
 
 # transformers/models/llava_onevision/convert_llava_onevision_weights_to_hf.py `chat_template`, verbatim.
@@ -220,3 +221,19 @@ def build_next_dir(out: Path) -> Path:
         },
     )
     return out
+
+
+register_example_family(
+    ExampleFamily(
+        name="llava_onevision",
+        build_processor=build_onevision_dir,
+        description="tokenizer format, chat template and image settings of llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
+    )
+)
+register_example_family(
+    ExampleFamily(
+        name="llava_next",
+        build_processor=build_next_dir,
+        description="tokenizer format, chat template and image settings of llava-hf/llava-v1.6-mistral-7b-hf",
+    )
+)
