@@ -19,6 +19,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -54,7 +55,8 @@ def bundles(gemma_dir: Path) -> dict[str, ProcessorBundle]:
     """Two loads of the same directory; the second with pan-and-scan on through the processor's kwargs."""
     off, on = load_processor(str(gemma_dir)), load_processor(str(gemma_dir))
     assert on.processor is not None
-    on.processor.images_kwargs = {**type(on.processor).images_kwargs, "do_pan_and_scan": True}
+    processor: Any = on.processor  # images_kwargs is a TypedDict without Gemma's keys
+    processor.images_kwargs = {**type(processor).images_kwargs, "do_pan_and_scan": True}
     return {"pan_and_scan_off": off, "pan_and_scan_on": on}
 
 
@@ -176,7 +178,7 @@ def _spec(tmp_path: Path, media_dir: Path, records: list[dict]):
     return config, load_dataset_config(config)[0]
 
 
-def _hf_ids(bundle: ProcessorBundle, messages: list[dict], paths: list[str]) -> list[int]:
+def _hf_ids(bundle: ProcessorBundle, messages: list[dict[str, Any]], paths: list[str]) -> list[int]:
     """The processor's own template + image loading (from paths, EXIF applied) + expansion."""
     images = iter(paths)
     conversation = [
@@ -189,7 +191,7 @@ def _hf_ids(bundle: ProcessorBundle, messages: list[dict], paths: list[str]) -> 
         for m in messages
     ]
     assert bundle.processor is not None
-    out = bundle.processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
+    out: Any = bundle.processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
     return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
 
 
