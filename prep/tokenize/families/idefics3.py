@@ -32,13 +32,15 @@ is built), so the text on either side and the ``"\\n"`` / ``"\\n\\n"`` pieces in
 tokenized as separate segments: ``tokenizer(expansion)`` spliced at the placeholder equals
 tokenizing the replaced text. Otherwise the counter falls back to ``expansion_text``.
 
-Example (SmolVLM-256M: longest edge 2048, tile 512, 64 per tile): 1000x600 -> 2048x1230 ->
-2048x1536 -> rows 3 x cols 4 + global = 13 tiles; 13 x 64 = 832 ``<image>`` ids, 860 in all
-with 13 fake-token pairs' halves, 12 row/col tags, 3 + 1 newline pieces (grid (1, 3, 4)).
+Example (SmolVLM-256M: longest edge 2048, tile 512, 64 per tile): 1000x600 -> 2048x1228 ->
+2048x1536 -> rows 3 x cols 4 + global = 13 tiles; 13 x 64 = 832 ``<image>`` ids, 862 in all
+(12 x (fake + row/col tag) + 2 ``"\\n"`` + 1 ``"\\n\\n"`` + fake + ``<global-img>`` + fake),
+recorded as grid (1, 3, 4), num_tiles 13.
 
-Video (SmolVLM2) is not counted here: ``SmolVLMVideoProcessor`` needs torchvision and its
-frame-timestamp text is not reproduced; ``counts_video`` is False, so video samples take the
-real processor or become ``processor_rejected`` error rows.
+Video (SmolVLM2) is not counted here: ``SmolVLMVideoProcessor`` (frame sampling) needs
+torchvision, and ``SmolVLMProcessor.replace_video_token`` writes ``num2words`` frame counts and
+``"\\nFrame from MM:SS:"`` text that merges with its neighbours; ``counts_video`` is False, so
+video samples take the real processor or become ``processor_rejected`` error rows.
 """
 
 from __future__ import annotations
