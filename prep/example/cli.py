@@ -43,11 +43,21 @@ logger = logging.getLogger(__name__)
     show_default=True,
     help="Include one bad row per error reason.",
 )
-def example_command(out_dir: Path, num_samples: int, seed: int, family: str, bad_rows: bool) -> None:
+@click.option(
+    "--parquet/--no-parquet",
+    default=False,
+    show_default=True,
+    help="Also write the 'chat' rows as a datasets-style Parquet file with embedded image bytes ('chat_parquet').",
+)
+def example_command(out_dir: Path, num_samples: int, seed: int, family: str, bad_rows: bool, parquet: bool) -> None:
     """Write a tiny offline processor (Qwen-VL by default), model config and multimodal ShareGPT dataset to OUT_DIR."""
     config_path = write_example_dataset(
         out_dir, num_samples=num_samples, seed=seed, with_bad_rows=bad_rows, family=family
     )
+    if parquet:
+        from prep.example.parquet import add_parquet_entry
+
+        logger.info("parquet: %s", add_parquet_entry(config_path))
     logger.info("dataset config: %s", config_path)
     logger.info("processor: %s", out_dir / "processor")
     if (out_dir / "model").is_dir():
