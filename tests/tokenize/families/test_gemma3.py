@@ -264,10 +264,12 @@ def test_stage_stores_the_processor_ids_and_error_rows(gemma_dir, bundles, media
     assert [e["reason"] for e in errors] == ["unsupported_media"]
     rows = _table(out, SAMPLES_DIR).to_pylist()
     assert len(rows) == len(records) - 1 and manifest.verify.checked == len(rows)
+    assert manifest.processor.image_attention == "bidirectional"  # train refuses causal packing of it
     bundle = bundles["pan_and_scan_off"]
     for row in rows:
         conv = to_conversation(records[row["line"]], spec)
         assert row["input_ids"] == _hf_ids(bundle, conv.messages, [i.ref.path for i in conv.media])
+        assert [(m["num_tiles"], m["num_tokens"]) for m in row["media"]] == [(1, 256)] * len(conv.media)
 
 
 def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
