@@ -105,6 +105,7 @@ def make_tokenized(root: Path, refs: list[str], rng: np.random.Generator, rows_p
                         "frame_indices": [],
                         "timestamps": [],
                         "num_bytes": media_size(ref, pool),
+                        "num_tiles": 1,
                     }
                 ],
             }

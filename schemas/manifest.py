@@ -140,6 +140,9 @@ class ProcessorIdentity:
     class_name: str = field(metadata={"json": "class"})
     sha256: str
     source: str
+    # "bidirectional": the model attends both ways inside an image block (Gemma 3), which a
+    # causal packed kernel cannot express; `train` refuses such data rather than mask it wrong.
+    image_attention: str = "causal"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

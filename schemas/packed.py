@@ -26,7 +26,7 @@ input and options give byte-identical shards.
 
 Example ``json`` member (pack_size 1024, pad_to_multiple_of 8)::
 
-    {"version": 1, "key": "pack-00000007", "pack_size": 1024, "num_tokens": 700,
+    {"version": 2, "key": "pack-00000007", "pack_size": 1024, "num_tokens": 700,
      "cu_seqlens": [0, 312, 700], "cu_seqlens_padded": [0, 312, 704],
      "samples": [{"input": 0, "sample_id": "chat:17:0", "dataset": "chat",
                   "num_tokens": 312, "media": [0]},
@@ -34,7 +34,7 @@ Example ``json`` member (pack_size 1024, pad_to_multiple_of 8)::
                   "num_tokens": 388, "media": [1]}],
      "media": [{"kind": "image", "ref": "/data/a.jpg", "member": "img0000.jpg",
                 "sample": 0, "grid_thw": [1, 32, 32], "num_tokens": 256,
-                "frame_indices": [], "timestamps": []}, ...]}
+                "frame_indices": [], "timestamps": [], "num_tiles": 1}, ...]}
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from schemas.layout import MANIFEST_FILE
 from schemas.manifest import SHARDS_MANIFEST_FILE, ManifestError, PackManifest, ShardsManifest, read_manifest
 from schemas.media_ref import MediaRef
 
-PACKED_SCHEMA_VERSION = 1
+PACKED_SCHEMA_VERSION = 2  # 2: media num_tiles
 PACKED_FORMAT = "packvlm.packed"
 PACK_SUBFLAVORS = {"format": PACKED_FORMAT}  # in dataset.yaml; the shipped cooker matches on it
 SHARDS_DIR = "shards"
@@ -112,6 +112,7 @@ class PackedMedia:
     num_tokens: int
     frame_indices: tuple[int, ...] = ()
     timestamps: tuple[float, ...] = ()
+    num_tiles: int = 1  # image arrays the processor makes (tiles/crops + global view), v2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -167,6 +168,7 @@ class PackMeta:
                     "num_tokens": m.num_tokens,
                     "frame_indices": list(m.frame_indices),
                     "timestamps": list(m.timestamps),
+                    "num_tiles": m.num_tiles,
                 }
                 for m in self.media
             ],

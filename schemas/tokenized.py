@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from schemas.layout import PART_SUFFIX, SAMPLES_DIR
 
-TOKENIZED_SCHEMA_VERSION = 2  # 2: media.num_bytes
+TOKENIZED_SCHEMA_VERSION = 3  # 2: media.num_bytes; 3: media.num_tiles
 
 MEDIA_TYPE = pa.struct(
     [
@@ -44,6 +44,8 @@ MEDIA_TYPE = pa.struct(
         pa.field("frame_indices", pa.list_(pa.int32()), nullable=False),  # video only
         pa.field("timestamps", pa.list_(pa.float32()), nullable=False),  # seconds, video only
         pa.field("num_bytes", pa.int64(), nullable=False),  # encoded size (file or LMDB value), v2
+        # image arrays the processor makes of the item: tiles/crops + thumbnail/global view, v3
+        pa.field("num_tiles", pa.int32(), nullable=False),
     ]
 )
 

@@ -6,7 +6,8 @@ Checks, in the order a user would fix them: the path exists; it is a complete pa
 ``dataset.yaml``, ``split.yaml``, ``.info.json`` and a ``.tar.idx`` per shard); the pack
 format version (``dataset.yaml`` subflavors and the first pack's json) is the one this code
 reads; the processor class `prep pack` recorded for its inputs equals the processor given for
-training; the train split holds at least one pack per data-parallel worker.
+training, and its model attends causally inside image blocks (Gemma 3 does not: refused); the
+train split holds at least one pack per data-parallel worker.
 
 Example::
 
@@ -126,6 +127,18 @@ def tokenized_processor_class(manifest: PackManifest) -> str | None:
     return classes.pop() if classes else None
 
 
+def _check_attention(manifest: PackManifest) -> None:
+    """Refuse data whose model attends both ways inside image blocks: packed causal varlen would be wrong."""
+    for item in manifest.inputs:
+        if item.processor.image_attention != "causal":
+            raise TrainConfigError(
+                f"{item.path} was tokenized with a {item.processor.class_name}, whose model attends "
+                f"{item.processor.image_attention}ly inside each image block; packed training here runs a causal "
+                "varlen kernel and would train it with the wrong mask. Train this family unpacked (one sample per "
+                "row, the model's own mask) until packvlm builds its per-sample image-block masks"
+            )
+
+
 def open_packed_dataset(
     path: str | Path,
     processor: str | None = None,
@@ -158,6 +171,7 @@ def open_packed_dataset(
             f"--processor is a {processor_class} but {root} was tokenized with a {tokenized_class}: train with the "
             "processor the data was tokenized with, or re-run `prep tokenize` and `prep pack` with yours"
         )
+    _check_attention(manifest)
     index = read_index(root)
     parts = index.splits.get(split) or []
     num_packs = sum(index.shard_counts.get(p, 0) for p in parts)

@@ -88,6 +88,7 @@ def build_pack(
                     num_tokens=item["num_tokens"],
                     frame_indices=tuple(item["frame_indices"]),
                     timestamps=tuple(item["timestamps"]),
+                    num_tiles=item["num_tiles"],
                 )
             )
         samples.append(

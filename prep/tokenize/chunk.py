@@ -140,4 +140,5 @@ def _media_row(ref: str, count: MediaCount) -> dict[str, Any]:
         "frame_indices": list(count.frame_indices),
         "timestamps": list(count.timestamps),
         "num_bytes": count.num_bytes,
+        "num_tiles": count.num_tiles,
     }

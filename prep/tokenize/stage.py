@@ -239,6 +239,7 @@ def check_error_budget(manifest: TokenizeManifest, max_error_rate: float, out: P
 
 def _processor_identity(path: str) -> ProcessorIdentity:
     """Load the processor once here, so a wrong ``--processor`` is one message before any output."""
+    from prep.tokenize.families.base import counter_image_attention
     from prep.tokenize.processor import ProcessorLoadError, load_processor
 
     try:
@@ -248,4 +249,9 @@ def _processor_identity(path: str) -> ProcessorIdentity:
     except (OSError, ValueError) as exc:  # hub ids that do not exist, unreachable hub, broken files
         hint = "" if Path(path).exists() else " (no such local directory, and not a loadable hub id)"
         raise ProcessorLoadError(f"--processor {path!r} does not load{hint}: {str(exc).splitlines()[0]}") from exc
-    return ProcessorIdentity(class_name=raw["class"], sha256=raw["sha256"], source=raw["source"])
+    return ProcessorIdentity(
+        class_name=raw["class"],
+        sha256=raw["sha256"],
+        source=raw["source"],
+        image_attention=counter_image_attention(raw["class"]),
+    )

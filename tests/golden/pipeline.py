@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -81,8 +82,38 @@ def _table_digest(path: Path, kind: str) -> str:
     return _sha(json.dumps({"rows": rows, "meta": meta}, sort_keys=True).encode())
 
 
+# Fields of the pack json as of packed schema version 1; later versions may add fields.
+V1_PACK_FIELDS = ("key", "pack_size", "num_tokens", "cu_seqlens", "cu_seqlens_padded", "samples", "media")
+V1_PACKED_MEDIA_FIELDS = (
+    "kind",
+    "ref",
+    "member",
+    "sample",
+    "grid_thw",
+    "num_tokens",
+    "frame_indices",
+    "timestamps",
+)
+
+
+def _shard_digest(path: Path) -> str:
+    """Digest of a shard's members in order: bytes as they are, the pack json in its version-1 view."""
+    members = []
+    with tarfile.open(path, "r:") as tar:
+        for member in tar:
+            data = tar.extractfile(member)
+            content = data.read() if data else b""
+            if member.name.endswith(".json"):
+                raw = json.loads(content)
+                view = {k: raw[k] for k in V1_PACK_FIELDS}
+                view["media"] = [{k: m[k] for k in V1_PACKED_MEDIA_FIELDS} for m in raw["media"]]
+                content = json.dumps(view, sort_keys=True).encode()
+            members.append([member.name, member.size if not member.name.endswith(".json") else 0, _sha(content)])
+    return _sha(json.dumps(members).encode())
+
+
 def digests(root: Path = ROOT) -> dict[str, str]:
-    """sha256 of every shard and example media file; content digests of tokenized parts."""
+    """sha256 of every example media file; content digests of tokenized parts and shards."""
     out = {}
     for path in sorted((root / "data" / "media").rglob("*")):
         if path.is_file():
@@ -92,7 +123,7 @@ def digests(root: Path = ROOT) -> dict[str, str]:
             out[str(path.relative_to(root))] = _table_digest(path, kind)
     for packed in ("packed", "packed8"):
         for path in sorted((root / packed / "shards").glob("*.tar")):
-            out[str(path.relative_to(root))] = _sha(path.read_bytes())
+            out[str(path.relative_to(root))] = _shard_digest(path)
     return out
 
 

@@ -79,6 +79,7 @@ class CounterClass(Protocol):
 
 C = TypeVar("C", bound=CounterClass)
 _REGISTRY: dict[str, CounterFactory] = {}
+_CLASSES: dict[str, type] = {}
 
 
 def register_counter(*processor_classes: str) -> Callable[[C], C]:
@@ -87,6 +88,7 @@ def register_counter(*processor_classes: str) -> Callable[[C], C]:
     def wrap(cls: C) -> C:
         for name in processor_classes:
             _REGISTRY[name] = cls.from_processor
+            _CLASSES[name] = cls  # type: ignore[assignment]
         return cls
 
     return wrap
@@ -101,6 +103,12 @@ def image_attention(counter: object) -> str:
     if value not in IMAGE_ATTENTION:
         raise ValueError(f"{type(counter).__name__}.image_attention = {value!r}; expected one of {IMAGE_ATTENTION}")
     return str(value)
+
+
+def counter_image_attention(processor_class: str) -> str:
+    """``image_attention`` of the counter serving ``processor_class`` ("causal" without one)."""
+    cls = _CLASSES.get(processor_class)
+    return "causal" if cls is None else image_attention(cls)
 
 
 def find_counter(processor_class: str) -> CounterFactory | None:
