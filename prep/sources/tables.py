@@ -1,7 +1,7 @@
 """Parquet / Arrow / CSV dataset files: row counts, row ranges as records, embedded media bytes.
 
 Rows are read in record batches of :data:`BATCH_ROWS` (Parquet: one row group at a time
-through pyarrow's streaming reader, memory-mapped for local files; Arrow: batches of the
+through pyarrow's buffered streaming reader; Arrow: batches of the
 memory-mapped IPC file or stream that ``datasets.save_to_disk`` writes; CSV: pyarrow's
 streaming CSV reader), so a file is never held in memory whole.
 
@@ -196,11 +196,15 @@ def _batches(
 
 @functools.lru_cache(maxsize=8)
 def _parquet(path: str) -> pq.ParquetFile:
-    """One open reader per file and process: local files memory-mapped, cloud files through fsspec."""
+    """One open reader per file and process (cloud files through fsspec).
+
+    Not memory-mapped: decoding copies anyway, and mapped pages once read would stay in the
+    process's RSS (2 GB file -> ~2.9 GB peak measured); buffered reads keep it to the batches.
+    """
     try:
         if is_cloud(path):
             return pq.ParquetFile(open_input(path))
-        return pq.ParquetFile(path, memory_map=True)
+        return pq.ParquetFile(path, memory_map=False, buffer_size=1 << 20)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ConfigError(f"{path!r} is not a readable Parquet file ({exc})") from exc
 
