@@ -23,11 +23,14 @@ around the same image placeholder; ``glm4_6v`` uses the 4.1V template too.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.trainers import BpeTrainer
+
+from prep.example.families.base import ExampleFamily, register_example_family
 
 GLM_SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -96,7 +99,7 @@ GLM41V_CHAT_TEMPLATE = """[gMASK]<sop>
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 # checkpoint -> (processor class, image processor type, video processor type)
-GLM_CHECKPOINTS = {
+GLM_CHECKPOINTS: dict[str, tuple[str, str, str]] = {
     "glm4_1v": ("Glm4vProcessor", "Glm4vImageProcessor", "Glm4vVideoProcessor"),
     "glm4_6v": ("Glm46VProcessor", "Glm46VImageProcessor", "Glm46VVideoProcessor"),
 }
@@ -161,3 +164,18 @@ def build_glm4v_dir(out: Path, checkpoint: str = "glm4_1v") -> Path:
     architecture = "Glm4vForConditionalGeneration" if checkpoint == "glm4_1v" else "Glm46VForConditionalGeneration"
     _write_json(out / "config.json", {"architectures": [architecture], "model_type": model_type})
     return out
+
+
+# example family name -> (checkpoint, where its settings come from)
+_EXAMPLES = {
+    "glm4v": ("glm4_1v", "zai-org/GLM-4.1V-9B-Thinking (GLM-4.5V: same image settings and processor class)"),
+    "glm46v": ("glm4_6v", "zai-org/GLM-4.6V (Glm46VProcessor; GLM-4.1V-9B-Thinking chat template)"),
+}
+for _name, (_checkpoint, _source) in _EXAMPLES.items():
+    register_example_family(
+        ExampleFamily(
+            name=_name,
+            build_processor=partial(build_glm4v_dir, checkpoint=_checkpoint),
+            description=f"GLM special tokens (small BPE), chat template and image settings of {_source}",
+        )
+    )
