@@ -1,6 +1,7 @@
 """InternVL 3 / 3.5: the closed-form counter against the real ``InternVLProcessor`` offline.
 
-The processor directory is built here: the example byte-level BPE plus the InternVL added
+The processor directory is :mod:`prep.example.families.internvl`'s (``prep example --family
+internvl``): the example byte-level BPE plus the InternVL added
 tokens (``<img>``, ``</img>``, ``<IMG_CONTEXT>``, ``<quad>`` ... ``</box>``, ``<video>``, as
 transformers' ``convert_internvl_weights_to_hf.write_tokenizer`` adds them to the Qwen2.5
 tokenizer, with the same ``extra_special_tokens`` names), the chat template of that script (the
@@ -12,7 +13,6 @@ InternVL3.5-hf checkpoints share the tokenizer format, template and GotOcr2 sett
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
-from tokenizers import AddedToken
 from transformers.image_utils import load_image
 
-from prep.example.tokenizer import build_tokenizer, tokenizer_config
+from prep.example.families.internvl import build_internvl_dir
 from prep.sources.conversation import Conversation, MediaItem
 from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.errors import SampleError
@@ -32,66 +31,6 @@ from prep.tokenize.processor import ProcessorBundle, load_processor
 from schemas.dataset_config import VideoSampling
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
-
-INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>")
-NAMED_TOKENS = {
-    "start_image_token": "<img>",
-    "end_image_token": "</img>",
-    "context_image_token": "<IMG_CONTEXT>",
-    "video_token": "<video>",
-}
-# transformers/models/internvl/convert_internvl_weights_to_hf.py `chat_template`, verbatim.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n'}}"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for content in message['content'] %}{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\\n' }}"
-    "{% elif content['type'] == 'video' %}{{ '<video>\\n' }}"
-    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{{'<|im_end|>\\n'}}{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\n' }}{% endif %}"
-)
-# OpenGVLab/InternVL3-1B-hf preprocessor_config.json
-PREPROCESSOR_CONFIG = {
-    "crop_size": None,
-    "crop_to_patches": False,
-    "data_format": "channels_first",
-    "default_to_square": True,
-    "do_center_crop": None,
-    "do_convert_rgb": True,
-    "do_normalize": True,
-    "do_rescale": True,
-    "do_resize": True,
-    "image_mean": [0.485, 0.456, 0.406],
-    "image_processor_type": "GotOcr2ImageProcessorFast",
-    "image_std": [0.229, 0.224, 0.225],
-    "max_patches": 12,
-    "min_patches": 1,
-    "processor_class": "InternVLProcessor",
-    "resample": 3,
-    "rescale_factor": 0.00392156862745098,
-    "size": {"height": 448, "width": 448},
-}
-
-
-def build_internvl_dir(out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer("qwen2_vl")
-    first_added = tokenizer.get_vocab_size(with_added_tokens=False)
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in INTERNVL_TOKENS])
-    tokenizer.add_special_tokens([AddedToken("<video>", special=True, normalized=False)])
-    (out / "tokenizer.json").write_text(tokenizer.to_str(), "utf-8")
-    config = tokenizer_config("qwen2_vl", first_added)
-    for key in ("image_token", "video_token", "vision_start_token", "vision_end_token"):
-        config.pop(key)
-    config["extra_special_tokens"] = NAMED_TOKENS
-    config["model_max_length"] = 8192
-    (out / "tokenizer_config.json").write_text(json.dumps(config), "utf-8")
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, "utf-8")
-    (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG), "utf-8")
-    processor_config = {"image_seq_length": 256, "processor_class": "InternVLProcessor"}
-    (out / "processor_config.json").write_text(json.dumps(processor_config), "utf-8")
-    model = {"architectures": ["InternVLForConditionalGeneration"], "model_type": "internvl"}
-    (out / "config.json").write_text(json.dumps(model), "utf-8")
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,206 @@
+"""Pixtral / Mistral 3 example processors: offline ``PixtralProcessor`` directories.
+
+Each directory holds a small byte-level BPE that carries the Mistral special tokens at their real
+ids (``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, ``[INST]`` 3, ``[/INST]`` 4, ``[IMG]`` 10,
+``[IMG_BREAK]`` 12, ``[IMG_END]`` 13, ...) and a checkpoint's settings and template:
+
+- ``pixtral_12b`` (``prep example --family pixtral``): mistral-community/pixtral-12b
+  (preprocessor_config.json: patch 16, ``size.longest_edge`` 1024; processor_config.json:
+  patch_size 16, no spatial merge) and its chat template (``<s>[INST]...[IMG]...[/INST]reply</s>``).
+- ``mistral_small_3_1`` (``--family mistral3``): mistralai/Mistral-Small-3.1-24B-Instruct-2503
+  (also Ministral 3: patch 14, ``longest_edge`` 1540, processor patch_size 14,
+  ``spatial_merge_size`` 2) and its ``[SYSTEM_PROMPT]`` template, with the default system
+  prompt's date left out so renders are deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers.trainers import BpeTrainer
+
+from prep.example.families.base import ExampleFamily, register_example_family
+
+# The first 20 ids of the Mistral (tekken) vocabularies, in order.
+SPECIALS = (
+    "<unk> <s> </s> [INST] [/INST] [AVAILABLE_TOOLS] [/AVAILABLE_TOOLS] [TOOL_RESULTS] [/TOOL_RESULTS] "
+    "[TOOL_CALLS] [IMG] <pad> [IMG_BREAK] [IMG_END] [PREFIX] [MIDDLE] [SUFFIX] [SYSTEM_PROMPT] "
+    "[/SYSTEM_PROMPT] [TOOL_CONTENT]"
+).split()
+# The tekken pre-tokenizer split (pixtral-12b tokenizer.json), then byte-level symbols.
+TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CORPUS = [
+    "Describe the image in detail.",
+    "What is in this picture? A cat sitting on a red table.",
+    "Compare both images: left, right, top and bottom.",
+    "abc IMG INST image break end 0123456789 [brackets] (parens)",
+    "The second photo shows a dog. Where is the tree? Next to the house.",
+]
+PIXTRAL_12B_TEMPLATE = """{%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message["role"] == "user" %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST]" + system_message + "\\n\\n" }}
+        {%- else %}
+            {{- "[INST]" }}
+        {%- endif %}
+        {%- if message["content"] is not string %}
+            {%- for chunk in message["content"] %}
+                {%- if chunk["type"] == "text" %}
+                    {{- chunk["text"] }}
+                {%- elif chunk["type"] == "image" %}
+                    {{- "[IMG]" }}
+                {%- else %}
+                    {{- raise_exception("Unrecognized content type!") }}
+                {%- endif %}
+            {%- endfor %}
+        {%- else %}
+            {{- message["content"] }}
+        {%- endif %}
+        {{- "[/INST]" }}
+    {%- elif message["role"] == "assistant" %}
+        {{- message["content"] + eos_token}}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}"""  # noqa: E501
+MISTRAL_SMALL_TEMPLATE = """{%- set default_system_message = "You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI." %}
+{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- if messages[0]['content'] is string %}
+        {%- set system_message = messages[0]['content'] %}
+    {%- else %}
+        {%- set system_message = messages[0]['content'][0]['text'] %}
+    {%- endif %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = default_system_message %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}
+{%- for message in loop_messages %}
+    {%- if message['role'] == 'user' %}
+        {%- if message['content'] is string %}
+            {{- '[INST]' + message['content'] + '[/INST]' }}
+        {%- else %}
+            {{- '[INST]' }}
+            {%- for block in message['content'] %}
+                {%- if block['type'] == 'text' %}
+                    {{- block['text'] }}
+                {%- elif block['type'] in ['image', 'image_url'] %}
+                    {{- '[IMG]' }}
+                {%- else %}
+                    {{- raise_exception('Only text and image blocks are supported in message content!') }}
+                {%- endif %}
+            {%- endfor %}
+            {{- '[/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'system' %}
+        {%- if message['content'] is string %}
+            {{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}
+        {%- else %}
+            {{- '[SYSTEM_PROMPT]' + message['content'][0]['text'] + '[/SYSTEM_PROMPT]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {%- if message['content'] is string %}
+            {{- message['content'] + eos_token }}
+        {%- else %}
+            {{- message['content'][0]['text'] + eos_token }}
+        {%- endif %}
+    {%- else %}
+        {{- raise_exception('Only user, system and assistant roles are supported!') }}
+    {%- endif %}
+{%- endfor %}"""  # noqa: E501
+# checkpoint -> (vision patch, spatial merge, longest edge, template)
+CHECKPOINTS = {
+    "pixtral_12b": (16, 1, 1024, PIXTRAL_12B_TEMPLATE),  # mistral-community/pixtral-12b
+    "mistral_small_3_1": (14, 2, 1540, MISTRAL_SMALL_TEMPLATE),  # mistralai/Mistral-Small-3.1-24B-Instruct-2503
+}
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
+
+
+def build_processor_dir(out: Path, checkpoint: str) -> Path:
+    """Write the ``checkpoint`` (a key of ``CHECKPOINTS``) processor directory to ``out``."""
+    patch, merge, longest_edge, template = CHECKPOINTS[checkpoint]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(TEKKEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=700,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 10, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    tokenizer_config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+    _write_json(out / "tokenizer_config.json", {"tokenizer_class": "TokenizersBackend", **tokenizer_config})
+    _write_json(
+        out / "preprocessor_config.json",
+        {
+            "do_convert_rgb": True,
+            "do_normalize": True,
+            "do_rescale": True,
+            "do_resize": True,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_processor_type": "PixtralImageProcessor",
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "patch_size": {"height": patch, "width": patch},
+            "processor_class": "PixtralProcessor",
+            "resample": 3,
+            "rescale_factor": 0.00392156862745098,
+            "size": {"longest_edge": longest_edge},
+        },
+    )
+    processor_config: dict[str, Any] = {
+        "image_break_token": "[IMG_BREAK]",
+        "image_end_token": "[IMG_END]",
+        "image_token": "[IMG]",
+        "patch_size": patch,
+        "processor_class": "PixtralProcessor",
+    }
+    if merge != 1:
+        processor_config["spatial_merge_size"] = merge
+    _write_json(out / "processor_config.json", processor_config)
+    (out / "chat_template.jinja").write_text(template, "utf-8")
+    return out
+
+
+for _name, _checkpoint, _source in (
+    ("pixtral", "pixtral_12b", "mistral-community/pixtral-12b"),
+    ("mistral3", "mistral_small_3_1", "mistralai/Mistral-Small-3.1-24B-Instruct-2503 (Ministral 3 alike)"),
+):
+    register_example_family(
+        ExampleFamily(
+            name=_name,
+            build_processor=partial(build_processor_dir, checkpoint=_checkpoint),
+            description=f"Mistral special ids, chat template and image settings of {_source}",
+        )
+    )
