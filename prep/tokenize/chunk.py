@@ -61,7 +61,7 @@ def _verify(
     if not verify.wants(sid):
         return None
     try:
-        expected = reference_input_ids(tok.bundle, conv, spec.video, tok.lmdb)
+        expected = reference_input_ids(tok.bundle, tok.for_template(conv), spec.video, tok.lmdb)
     except ReferenceUnavailable:
         return False
     if expected != sample.input_ids:

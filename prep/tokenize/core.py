@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from prep.sources.conversation import Conversation, MediaKind
 from prep.sources.media import LmdbPool, MediaError, image_header, video_header
+from prep.tokenize.content_style import as_content_lists, needs_content_lists
 from prep.tokenize.errors import SampleError
 from prep.tokenize.expansion import expand_placeholders
 from prep.tokenize.families.base import MediaCount, MediaCounter, MediaRejected, find_counter
@@ -42,10 +43,12 @@ class SampleTokenizer:
         self.max_length = max_length
         factory = find_counter(bundle.processor_class)
         self.counter: MediaCounter | None = factory(bundle) if factory else None
+        self.content_lists = needs_content_lists(bundle.tokenizer, bundle.chat_template)
         self.lmdb = LmdbPool()
 
     def tokenize(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
         """Exact ids and loss mask of one conversation; a bad sample raises SampleError."""
+        conv = self.for_template(conv)
         if self.counter is None:
             sample = tokenize_with_processor(self.bundle, conv, sampling, self.lmdb)
         elif not getattr(self.counter, "counts_video", True) and any(m.kind == "video" for m in conv.media):
@@ -55,6 +58,12 @@ class SampleTokenizer:
         if self.max_length is not None and sample.num_tokens > self.max_length:
             raise SampleError(Reason.TOO_LONG, f"{sample.num_tokens} tokens > --max-length {self.max_length}")
         return sample
+
+    def for_template(self, conv: Conversation) -> Conversation:
+        """The conversation as the template renders it: string turns as content lists where it drops them."""
+        if not self.content_lists:  # see prep.tokenize.content_style
+            return conv
+        return replace(conv, messages=as_content_lists(conv.messages))
 
     def _video_with_processor(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
         """A family whose video has no closed form (``counts_video = False``): the real processor, or an error row."""
