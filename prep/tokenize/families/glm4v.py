@@ -10,7 +10,7 @@ defines the same function): ``Glm4vImageProcessorPil.resize`` calls ``smart_resi
 2. rejects an aspect ratio > 200 (after that scaling) with ValueError: :class:`MediaRejected`;
 3. rounds h, w to multiples of 28 and compares ``t_bar * h_bar * w_bar`` (t_bar = 2) with the
    budget, so the effective pixel cap per image is max_pixels / 2 (9,633,792 / 2 in the
-   checkpoints); over it, ``beta = sqrt(2*h*w / max_pixels)`` and sides floor to 28; under
+   checkpoints); over it, ``beta = sqrt(2*h*w / max_pixels)`` and sides floor to multiples of 28; under
    min_pixels they ceil up.
 
 ``patchify`` gives grid (1, hb/14, wb/14); ``Glm4vProcessor.replace_image_token`` writes
@@ -19,9 +19,18 @@ defines the same function): ``Glm4vImageProcessorPil.resize`` calls ``smart_resi
 it is spliced in ids. Example (GLM-4.1V, 12544..9633792): 1920x1080 -> 1932x1092 fits
 (2*1092*1932 < 9633792) -> grid (1, 78, 138), 2691 ``<|image|>`` ids; 1x1 -> 28x28 -> 1.
 
-Video has no closed form here: ``Glm4vVideoProcessor`` needs torchvision to run, and its
-frame sampling depends on the decoder's duration; :attr:`Glm4vCounter.counts_video` is False,
-so video samples run the real processor (exact) or become ``processor_rejected`` error rows.
+Video has no closed form here (:attr:`Glm4vCounter.counts_video` is False: video samples run
+the real processor, exact, or become ``processor_rejected`` error rows). The expansion itself
+would splice cleanly (per temporal pair ``<|begin_of_image|>`` + S ``<|image|>`` +
+``<|end_of_image|>`` + timestamp text, the text between special tokens), but the frames cannot
+be predicted from header data: ``Glm4vVideoProcessor.sample_frames`` (fps 2; past
+``max_duration`` 300 s, 600 frames spread over the clip; duplicates dropped; last frame
+repeated to an even count) starts from ``metadata.duration``, which
+``BaseVideoProcessor.fetch_videos`` reads with torchcodec (``duration_seconds`` of the
+container, not frames / fps), and the video processor needs torchvision; neither runs here to
+check a closed form against. ``Glm46VVideoProcessor`` samples differently again (6 / 2 / 1
+frames per second for clips up to 30 / 300 / 2400 s, at most 640 frames) and writes
+``"{t:.1f} seconds"`` where ``Glm4vProcessor`` writes ``int(t)``.
 """
 
 from __future__ import annotations
