@@ -219,12 +219,17 @@ def test_content_lists_mix_with_strings_and_media_lists(tmp_path: Path) -> None:
         "images": ["1.jpg", "2.jpg", "3.jpg"],
     }
     too_few = {**record, "images": ["1.jpg"]}
-    unknown = {"messages": [{"role": "user", "content": [{"type": "audio"}]}, {"role": "assistant", "content": "x"}]}
+    audio = {"messages": [{"role": "user", "content": [{"type": "audio"}]}, {"role": "assistant", "content": "x"}]}
+    unknown = {"messages": [{"role": "user", "content": [{"type": "chart"}]}, {"role": "assistant", "content": "x"}]}
     entry = {"formatting": "sharegpt", "columns": {"messages": "messages"}}
-    conv, *errors = _read(tmp_path, entry, [record, too_few, unknown])
+    conv, *errors = _read(tmp_path, entry, [record, too_few, audio, unknown])
     assert isinstance(conv, Conversation)
     media = tmp_path / "media"
     assert [m.ref.path for m in conv.media] == [str(media / n) for n in ("1.jpg", "2.jpg", "3.jpg", "own.png", "u.png")]
     assert conv.messages[0]["content"] == [{"type": "image"}, {"type": "text", "text": "And"}, {"type": "image"}]
     assert conv.messages[1]["content"] == [{"type": "text", "text": "Two."}]
-    assert [e.reason for e in errors if isinstance(e, RecordError)] == [Reason.MEDIA_TAG_MISMATCH, Reason.BAD_RECORD]
+    assert [e.reason for e in errors if isinstance(e, RecordError)] == [
+        Reason.MEDIA_TAG_MISMATCH,
+        Reason.UNSUPPORTED_MEDIA,
+        Reason.BAD_RECORD,
+    ]

@@ -121,6 +121,8 @@ class MediaCursor:
                 return self._split(text)
             return [{"type": "text", "text": text}]
         kind = KIND_OF_TYPE.get(kind_name) if isinstance(kind_name, str) else _kind_from_keys(item)
+        if kind is None and kind_name in ("audio", "input_audio", "audio_url"):
+            raise RecordError(Reason.UNSUPPORTED_MEDIA, f"{kind_name} items are not supported (images and videos are)")
         if kind is None:
             raise RecordError(Reason.BAD_RECORD, f"content item type {kind_name!r} unsupported (text, image, video)")
         _media_allowed(role)
