@@ -123,7 +123,7 @@ def dataset_copies(num_records: int, spec: DatasetSpec, seed: int) -> npt.NDArra
     picks are the population ``sample_ratio`` draws from: ``num_samples=100, sample_ratio=0.5``
     uses 50 of the 100 picked rows, ``sample_ratio=2`` uses each pick twice.
     """
-    num_samples = getattr(spec, "num_samples", None)
+    num_samples = spec.num_samples
     if num_samples is None:
         return record_copies(num_records, spec.sample_ratio, seed, spec.name)
     picks = sample_counts(num_records, num_samples, seed, spec.name)
@@ -140,8 +140,8 @@ def _name_key(dataset: str) -> int:
 
 def spec_files(spec: DatasetSpec) -> list[InputFile]:
     """The files of a dataset entry (``cloud_file_name`` wins over ``file_name``, as in LLaMA-Factory)."""
-    location = getattr(spec, "cloud_file_name", None) or str(spec.file_name)
-    return dataset_files(location, getattr(spec, "split", "train"), f"dataset {spec.name!r}")
+    location = spec.cloud_file_name or str(spec.file_name)
+    return dataset_files(location, spec.split, f"dataset {spec.name!r}")
 
 
 def plan_chunks(specs: list[DatasetSpec], *, rows_per_chunk: int, seed: int) -> list[Chunk]:
