@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,20 @@ def test_load_processor_builds_the_real_processor_on_cpu(bundles):
     assert off.image_processor.do_pan_and_scan is None and counter.pan_and_scan is None
     pas = Gemma3Counter.from_processor(on).pan_and_scan
     assert pas is not None and (pas.min_crop_size, pas.max_num_crops, pas.min_ratio_to_activate) == (256, 4, 1.2)
+
+
+def test_the_file_cannot_turn_pan_and_scan_on(gemma_dir, tmp_path):
+    """``do_pan_and_scan: true`` in preprocessor_config.json: the processor still passes False, and so do we."""
+    shutil.copytree(gemma_dir, tmp_path / "p")
+    config_path = tmp_path / "p" / "preprocessor_config.json"
+    _write_json(config_path, {**json.loads(config_path.read_text("utf-8")), "do_pan_and_scan": True})
+    bundle = load_processor(str(tmp_path / "p"))
+    assert bundle.processor is not None and bundle.image_processor.do_pan_and_scan is True
+    counter = Gemma3Counter.from_processor(bundle)
+    out = bundle.processor(text=[f"a{BOI}"], images=[Image.new("RGB", (1200, 400))], return_tensors="np")
+    assert (
+        counter.pan_and_scan is None and out["pixel_values"].shape[0] == counter.count_image(1200, 400).num_tiles == 1
+    )
 
 
 def test_the_bpe_merge_trap_is_real_in_this_vocabulary(bundles):
