@@ -1,23 +1,23 @@
-"""Example GLM-4.1V / 4.5V / 4.6V processor directory, built offline.
+"""Example GLM-4.1V / 4.5V / 4.6V processor directories, built offline.
 
 A small byte-level BPE with the GLM-4 pre-tokenizer split (cl100k-style, digits in runs of up
-to 3) carries the GLM special tokens in their upstream order, right after the BPE vocab
-(``<|endoftext|>``, ``[MASK]``, ``[gMASK]``, ``[sMASK]``, ``<sop>``, ``<eop>``, ``<|system|>``,
+to 3) carries the GLM special tokens in their upstream order right after the BPE vocab:
+``<|endoftext|>``, ``[MASK]``, ``[gMASK]``, ``[sMASK]``, ``<sop>``, ``<eop>``, ``<|system|>``,
 ``<|user|>``, ``<|assistant|>``, ``<|observation|>``, ``<|begin_of_image|>``,
-``<|end_of_image|>``, ``<|begin_of_video|>``, ``<|end_of_video|>``, ``<|image|>``,
-``<|video|>``: 151329..151344 in zai-org/GLM-4.1V-9B-Thinking). Settings:
+``<|end_of_image|>``, ``<|begin_of_video|>``, ``<|end_of_video|>`` (151329..151342 upstream),
+then ``<|image|>``, ``<|video|>`` (151343/151344) for GLM-4.1V, or the audio, code, think, tool,
+``/nothink`` and box tokens first for GLM-4.5V/4.6V, whose ``<|image|>`` is 151363.
 
-- ``glm4_1v``: zai-org/GLM-4.1V-9B-Thinking (and GLM-4.5V, which ships the same image settings
-  and processor class): ``Glm4vProcessor``; ``preprocessor_config.json`` patch 14, temporal 2,
+- ``glm4_1v``: zai-org/GLM-4.1V-9B-Thinking (GLM-4.5V ships the same image settings and
+  processor class): ``Glm4vProcessor``; ``preprocessor_config.json`` patch 14, temporal 2,
   merge 2, ``size`` shortest_edge 12544 / longest_edge 9633792, CLIP mean/std;
   ``video_preprocessor_config.json`` ``size`` 12544 / 47040000 (the class default), fps 2.
-- ``glm4_6v``: zai-org/GLM-4.6V (and GLM-OCR): ``Glm46VProcessor`` with
-  ``Glm46VImageProcessor`` and the same numbers.
-
-Chat template: GLM-4.1V-9B-Thinking's ``chat_template.jinja`` (revision 3c1471e5), verbatim:
-``[gMASK]<sop>`` then ``<|user|>\\n`` ... ``<|begin_of_image|><|image|><|end_of_image|>`` per
-image ... ``<|assistant|>\\n`` reply. GLM-4.5V/4.6V templates add tool and thinking blocks
-around the same image placeholder; ``glm4_6v`` uses the 4.1V template too.
+  Chat template: GLM-4.1V-9B-Thinking's ``chat_template.jinja`` (revision 3c1471e5) verbatim:
+  ``[gMASK]<sop><|user|>\\n...<|begin_of_image|><|image|><|end_of_image|>...<|assistant|>\\n``.
+- ``glm4_6v``: ``Glm46VProcessor`` + ``Glm46VImageProcessor`` with the same numbers
+  (zai-org/GLM-4.6V; zai-org/GLM-OCR's ``preprocessor_config.json`` is exactly these) and
+  GLM-OCR's ``chat_template.jinja`` verbatim, the GLM-4.5V/4.6V format (tools, ``<think>``
+  blocks, ``/nothink``) around the same image placeholder.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tokenizers.trainers import BpeTrainer
 
 from prep.example.families.base import ExampleFamily, register_example_family
 
-GLM_SPECIAL_TOKENS = (
+GLM_BASE_TOKENS = (
     "<|endoftext|>",
     "[MASK]",
     "[gMASK]",
@@ -47,8 +47,14 @@ GLM_SPECIAL_TOKENS = (
     "<|end_of_image|>",
     "<|begin_of_video|>",
     "<|end_of_video|>",
-    "<|image|>",
-    "<|video|>",
+)
+GLM41V_SPECIAL_TOKENS = (*GLM_BASE_TOKENS, "<|image|>", "<|video|>")
+GLM45V_SPECIAL_TOKENS = (
+    *GLM_BASE_TOKENS,
+    *"<|begin_of_audio|> <|end_of_audio|> <|begin_of_transcription|> <|end_of_transcription|>".split(),
+    *"<|code_prefix|> <|code_middle|> <|code_suffix|> <think> </think> <tool_call> </tool_call>".split(),
+    *"<tool_response> </tool_response> <arg_key> </arg_key> <arg_value> </arg_value> /nothink".split(),
+    *"<|begin_of_box|> <|end_of_box|> <|image|> <|video|>".split(),
 )
 # GLM-4 tokenizer.json pre-tokenizer split (cl100k-style; digits in runs of 1-3).
 GLM_SPLIT = (
@@ -96,6 +102,147 @@ GLM41V_CHAT_TEMPLATE = """[gMASK]<sop>
 {%- endfor %}
 {% if add_generation_prompt %}<|assistant|>
 {% endif %}"""
+# zai-org/GLM-OCR chat_template.jinja (Glm46VProcessor; the GLM-4.5V / 4.6V format: tools, think blocks), verbatim.
+GLM_OCR_CHAT_TEMPLATE = r"""[gMASK]<sop>
+{%- if tools -%}
+<|system|>
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}
+{{ tool | tojson(ensure_ascii=False) }}
+{% endfor %}
+</tools>
+
+For each function call, output the function name and arguments within the following XML format:
+<tool_call>{function-name}
+<arg_key>{arg-key-1}</arg_key>
+<arg_value>{arg-value-1}</arg_value>
+<arg_key>{arg-key-2}</arg_key>
+<arg_value>{arg-value-2}</arg_value>
+...
+</tool_call>{%- endif -%}
+{%- macro visible_text(content) -%}
+    {%- if content is string -%}
+        {{- content }}
+    {%- elif content is iterable and content is not mapping -%}
+        {%- for item in content -%}
+            {%- if item is mapping and item.type == 'text' -%}
+                {{- item.text }}
+            {%- elif item is mapping and (item.type == 'image' or 'image' in item) -%}
+                <|begin_of_image|><|image|><|end_of_image|>
+            {%- elif item is mapping and (item.type == 'video' or 'video' in item) -%}
+                <|begin_of_video|><|video|><|end_of_video|>
+            {%- elif item is string -%}
+                {{- item }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{- content }}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(last_user_index=-1) %}
+{%- for m in messages %}
+    {%- if m.role == 'user' %}
+        {% set ns.last_user_index = loop.index0 -%}
+    {%- endif %}
+{%- endfor %}
+{% for m in messages %}
+{%- if m.role == 'user' -%}<|user|>
+{% if m.content is string %}
+{{ m.content }}
+{%- else %}
+{%- for item in m.content %}
+{% if item.type == 'video' or 'video' in item %}
+<|begin_of_video|><|video|><|end_of_video|>{% elif item.type == 'image' or 'image' in item %}
+<|begin_of_image|><|image|><|end_of_image|>{% elif item.type == 'text' %}
+{{ item.text }}
+{%- endif %}
+{%- endfor %}
+{%- endif %}
+{{- '/nothink' if (enable_thinking is defined and not enable_thinking and not visible_text(m.content).endswith("/nothink")) else '' -}}
+{%- elif m.role == 'assistant' -%}
+<|assistant|>
+{%- set reasoning_content = '' %}
+{%- set content = visible_text(m.content) %}
+{%- if m.reasoning_content is string %}
+    {%- set reasoning_content = m.reasoning_content %}
+{%- else %}
+    {%- if '</think>' in content %}
+        {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+        {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+    {%- endif %}
+{%- endif %}
+{%- if loop.index0 > ns.last_user_index and reasoning_content -%}
+{{ '\n<think>' + reasoning_content.strip() +  '</think>'}}
+{%- else -%}
+{{ '\n<think></think>' }}
+{%- endif -%}
+{%- if content.strip() -%}
+{{ '\n' + content.strip() }}
+{%- endif -%}
+{% if m.tool_calls %}
+{% for tc in m.tool_calls %}
+{%- if tc.function %}
+    {%- set tc = tc.function %}
+{%- endif %}
+{{ '\n<tool_call>' + tc.name }}
+{% set _args = tc.arguments %}
+{% for k, v in _args.items() %}
+<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg_value>
+{% endfor %}
+</tool_call>{% endfor %}
+{% endif %}
+{%- elif m.role == 'tool' -%}
+{%- if m.content is string -%}
+{%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+    {{- '<|observation|>' }}
+{%- endif %}
+{{- '\n<tool_response>\n' }}
+{{- m.content }}
+{{- '\n</tool_response>' }}
+{% elif m.content is iterable and m.content is not mapping %}
+{%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+{{- '<|observation|>' }}
+{%- endif %}
+{{- '\n<tool_response>\n' }}
+{%- for tr in m.content -%}
+  {%- if tr is mapping and tr.type is defined -%}
+    {%- set t = tr.type | lower -%}
+    {%- if t == 'text' and tr.text is defined -%}
+{{ tr.text }}
+    {%- elif t in ['image', 'image_url'] -%}
+<|begin_of_image|><|image|><|end_of_image|>
+    {%- elif t in ['video', 'video_url'] -%}
+<|begin_of_video|><|video|><|end_of_video|>
+    {%- else -%}
+{{ tr | tojson(ensure_ascii=False) }}
+    {%- endif -%}
+  {%- else -%}
+{{ tr.output if tr.output is defined else tr }}
+  {%- endif -%}
+{%- endfor -%}
+{{- '\n</tool_response>' }}
+{%- else -%}
+<|observation|>{% for tr in m.content %}
+
+<tool_response>
+{{ tr.output if tr.output is defined else tr }}
+</tool_response>{% endfor -%}
+{% endif -%}
+{%- elif m.role == 'system' -%}
+<|system|>
+{{ visible_text(m.content) }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<|assistant|>
+{{'<think></think>\n' if (enable_thinking is defined and not enable_thinking) else ''}}
+{%- endif -%}"""  # noqa: E501
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 # checkpoint -> (processor class, image processor type, video processor type)
@@ -103,13 +250,18 @@ GLM_CHECKPOINTS: dict[str, tuple[str, str, str]] = {
     "glm4_1v": ("Glm4vProcessor", "Glm4vImageProcessor", "Glm4vVideoProcessor"),
     "glm4_6v": ("Glm46VProcessor", "Glm46VImageProcessor", "Glm46VVideoProcessor"),
 }
+# checkpoint -> (special tokens after the BPE vocab, chat template)
+GLM_TOKENS_AND_TEMPLATE: dict[str, tuple[tuple[str, ...], str]] = {
+    "glm4_1v": (GLM41V_SPECIAL_TOKENS, GLM41V_CHAT_TEMPLATE),
+    "glm4_6v": (GLM45V_SPECIAL_TOKENS, GLM_OCR_CHAT_TEMPLATE),
+}
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
 
 
-def build_glm_tokenizer() -> Tokenizer:
+def build_glm_tokenizer(special_tokens: tuple[str, ...] = GLM41V_SPECIAL_TOKENS) -> Tokenizer:
     """Byte-level BPE (GLM-4 split) plus the GLM special tokens after its vocab."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -121,15 +273,16 @@ def build_glm_tokenizer() -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     trainer = BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(list(_CORPUS) * 10, trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GLM_SPECIAL_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
     return tok
 
 
 def build_glm4v_dir(out: Path, checkpoint: str = "glm4_1v") -> Path:
     """Write a GLM-V processor directory (tokenizer, template, image/video settings) to ``out``."""
     processor_class, image_type, video_type = GLM_CHECKPOINTS[checkpoint]
+    special_tokens, template = GLM_TOKENS_AND_TEMPLATE[checkpoint]
     out.mkdir(parents=True, exist_ok=True)
-    build_glm_tokenizer().save(str(out / "tokenizer.json"))
+    build_glm_tokenizer(special_tokens).save(str(out / "tokenizer.json"))
     _write_json(
         out / "tokenizer_config.json",
         {
@@ -140,7 +293,7 @@ def build_glm4v_dir(out: Path, checkpoint: str = "glm4_1v") -> Path:
             "clean_up_tokenization_spaces": False,
         },
     )
-    (out / "chat_template.jinja").write_text(GLM41V_CHAT_TEMPLATE, "utf-8")
+    (out / "chat_template.jinja").write_text(template, "utf-8")
     common = {
         "do_rescale": True,
         "patch_size": 14,
@@ -169,7 +322,7 @@ def build_glm4v_dir(out: Path, checkpoint: str = "glm4_1v") -> Path:
 # example family name -> (checkpoint, where its settings come from)
 _EXAMPLES = {
     "glm4v": ("glm4_1v", "zai-org/GLM-4.1V-9B-Thinking (GLM-4.5V: same image settings and processor class)"),
-    "glm46v": ("glm4_6v", "zai-org/GLM-4.6V (Glm46VProcessor; GLM-4.1V-9B-Thinking chat template)"),
+    "glm46v": ("glm4_6v", "zai-org/GLM-4.6V / GLM-OCR (Glm46VProcessor; GLM-OCR chat template)"),
 }
 for _name, (_checkpoint, _source) in _EXAMPLES.items():
     register_example_family(

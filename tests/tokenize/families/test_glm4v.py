@@ -1,10 +1,13 @@
 """GLM-4.1V / 4.5V / 4.6V: the closed form against the real ``Glm4vProcessor`` / ``Glm46VProcessor``.
 
-Two processor directories are built offline by :mod:`prep.example.families.glm4v`: a small
-byte-level BPE (GLM-4 split) carrying the GLM special tokens in upstream order, the
-GLM-4.1V-9B-Thinking chat template verbatim, and the image settings of
-zai-org/GLM-4.1V-9B-Thinking / GLM-4.5V (``glm4_1v``: ``Glm4vProcessor``) and zai-org/GLM-4.6V
-(``glm4_6v``: ``Glm46VProcessor``): patch 14, temporal patch 2, merge 2, pixels 12544..9633792.
+Two processor directories are built offline by :mod:`prep.example.families.glm4v`, each a small
+byte-level BPE (GLM-4 split) carrying the GLM special tokens in upstream order and the image
+settings patch 14, temporal patch 2, merge 2, pixels 12544..9633792:
+
+- ``glm4_1v``: ``Glm4vProcessor``, zai-org/GLM-4.1V-9B-Thinking (and GLM-4.5V) settings, the
+  GLM-4.1V-9B-Thinking chat template verbatim;
+- ``glm4_6v``: ``Glm46VProcessor``, zai-org/GLM-4.6V / GLM-OCR settings, GLM-OCR's chat
+  template verbatim (the 4.5V/4.6V format with think blocks and tools).
 
 Oracle: the processor's own ``apply_chat_template(..., tokenize=True)`` on image *paths* (it
 decodes and EXIF-transposes them itself) and its PIL image processor's ``image_grid_thw``,
@@ -41,6 +44,9 @@ from schemas.reasons import Reason
 from schemas.tokenized import list_parts, open_part
 
 PROCESSOR_CLASS = {name: classes[0] for name, classes in GLM_CHECKPOINTS.items()}
+# What each template renders before an assistant reply, inside the reply's turn (the 4.5V/4.6V
+# format writes an empty think block for a reply without reasoning).
+REPLY_PREFIX = {"glm4_1v": "", "glm4_6v": "<think></think>\n"}
 
 
 @pytest.fixture(scope="module")
@@ -191,9 +197,9 @@ def test_sample_tokenizer_equals_the_processor(glm_bundles, media_dir, tmp_path,
         sample = tokenizer.tokenize(conv, VideoSampling())
         expected = _hf_ids(bundle, conv.messages, [item.ref.path for item in conv.media])
         assert sample.input_ids == expected, record["images"]
-        # loss mask: exactly the assistant replies (the template ends a reply with nothing)
+        # loss mask: exactly the assistant turns (the templates end a reply with nothing)
         learned = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
-        replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+        replies = [REPLY_PREFIX[checkpoint] + m["content"] for m in record["messages"] if m["role"] == "assistant"]
         assert bundle.tokenizer.decode(learned) == "".join(replies)
         assert sample.loss_mask[-1] == 1
         assert not any(m for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if t in image_ids)
