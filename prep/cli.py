@@ -59,6 +59,7 @@ class PrepGroup(ErrorMappingGroup):
 
     usage_errors = USAGE_ERRORS
     run_failures = RUN_FAILURES
+    interrupt_hint = "rerun the same command to resume"
 
 
 @click.group(cls=PrepGroup)

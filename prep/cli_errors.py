@@ -3,7 +3,8 @@
 Usage errors (wrong option, unusable input directory) exit 2 with click's usage banner; run
 failures (a data budget or an invariant found mid-run) exit 1 with ``error: ...``. Anything
 else is a bug or a system error: one line naming it, and the traceback only with ``--debug``.
-A full disk is named as such (the run resumes once space is freed).
+A full disk is named as such (the run resumes once space is freed). Ctrl-C ends in one line,
+``interrupted`` plus the group's `interrupt_hint`, with exit 130 (click alone prints "Aborted!").
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class ErrorMappingGroup(click.Group):
 
     usage_errors: ClassVar[tuple[type[Exception], ...]] = ()
     run_failures: ClassVar[tuple[type[Exception], ...]] = ()
+    interrupt_hint: ClassVar[str] = ""  # what Ctrl-C leaves and how to go on, e.g. "rerun ... to resume"
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -32,7 +34,12 @@ class ErrorMappingGroup(click.Group):
             raise click.UsageError(str(exc)) from exc
         except self.run_failures as exc:
             _fail(str(exc))
-        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+        except KeyboardInterrupt:  # one line, exit 130 (128 + SIGINT); click would print "Aborted!"
+            hint = f"; {self.interrupt_hint}" if self.interrupt_hint else ""
+            newline = "\n" if sys.stderr.isatty() else ""  # past a progress bar's half-drawn line
+            click.echo(f"{newline}interrupted{hint}", err=True)
+            sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except OSError as exc:
             if exc.errno == errno.ENOSPC:

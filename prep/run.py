@@ -10,21 +10,29 @@ CPU free (Ray Data needs it for its own tasks; ray#44687). Connects to a cluster
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Literal
 
 from tqdm import tqdm
 
+from prep.ray_reaper import children, start_reaper
+from prep.ray_reaper import supported as reaper_supported
 from prep.worker_errors import unwrap_worker_error
 
 log = logging.getLogger(__name__)
 Worker = Callable[[dict[str, list]], dict[str, list]]
 ExecutorName = Literal["ray", "local"]
 EXECUTORS: tuple[ExecutorName, ...] = ("ray", "local")
+_REAPERS: list[subprocess.Popen[bytes]] = []  # kept open: each reads EOF when this process exits
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,15 +53,54 @@ def run_tasks(
     if config.executor == "local":
         return run_local(worker_cls, worker_kwargs, tasks, desc=desc)
     try:
-        return run_ray(worker_cls, worker_kwargs, tasks, address=config.ray_address, num_workers=config.num_workers)
-    except KeyboardInterrupt:  # stop the embedded Ray's workers now, not when they notice the driver is gone
-        _shutdown_embedded_ray(config)
-        raise
+        with _interruptible(config):
+            return run_ray(
+                worker_cls, worker_kwargs, tasks, address=config.ray_address, num_workers=config.num_workers, desc=desc
+            )
     except Exception as exc:  # Ray wraps worker errors: surface ours with their own message
         ours = unwrap_worker_error(exc)
         if ours is None or ours is exc:
             raise
         raise ours from exc
+
+
+@contextlib.contextmanager
+def _interruptible(config: ExecutorConfig) -> Iterator[None]:
+    """Ctrl-C during a Ray run: nothing more from Ray on the console, the embedded Ray shut
+    down at once, then KeyboardInterrupt goes on to the CLI, which prints one line.
+
+    Without this, Ray Data's executor logs ``Dataset ... execution finished in N seconds``
+    (and closes its bar as finished) from the ``finally`` of its own iterator
+    (``ray.data._internal.execution.streaming_executor.StreamingExecutor.shutdown``), before
+    any ``except`` of ours runs, and the driver prints the raylet's retry notices for the
+    actors the shutdown kills (``ray._private.worker.print_to_stdstream``, which writes to
+    ``sys.stdout``/``sys.stderr`` as they are when it prints). So our SIGINT handler mutes
+    both first, then raises KeyboardInterrupt.
+    """
+    data_logger = logging.getLogger("ray.data")
+    level, streams = data_logger.level, (sys.stdout, sys.stderr)
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if on_main else None
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        data_logger.setLevel(logging.CRITICAL)
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # closed in the finally below
+        raise KeyboardInterrupt
+
+    if on_main:
+        signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:  # stop the embedded Ray's workers now, not when they notice the driver is gone
+        _shutdown_embedded_ray(config)
+        raise
+    finally:
+        if on_main:
+            signal.signal(signal.SIGINT, previous)
+        if sys.stderr is not streams[1]:
+            sys.stderr.close()
+        sys.stdout, sys.stderr = streams
+        data_logger.setLevel(level)
 
 
 def _shutdown_embedded_ray(config: ExecutorConfig) -> None:
@@ -75,7 +122,11 @@ def run_local(worker_cls: type, worker_kwargs: dict[str, Any], tasks: list[str],
 
 
 def init_ray(address: str | None, num_cpus: int | None) -> None:
-    """Join a cluster (address / RAY_ADDRESS) or start an embedded Ray; reuse a live session."""
+    """Join a cluster (address / RAY_ADDRESS) or start an embedded Ray; reuse a live session.
+
+    An embedded Ray gets a reaper (`prep.ray_reaper`): its processes die with this one,
+    even on kill -9, instead of lingering ~60 s.
+    """
     import ray
 
     if ray.is_initialized():
@@ -83,8 +134,12 @@ def init_ray(address: str | None, num_cpus: int | None) -> None:
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        return
+    before = children(os.getpid()) if reaper_supported() else set()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    started = sorted(children(os.getpid()) - before) if reaper_supported() else []
+    if started:
+        _REAPERS.append(start_reaper(started))
 
 
 def run_ray(
@@ -94,8 +149,13 @@ def run_ray(
     *,
     address: str | None = None,
     num_workers: int | None = None,
+    desc: str = "tasks",
 ) -> list[dict]:
-    """Map tasks over a Ray Data actor pool; each actor builds ``worker_cls`` once."""
+    """Map tasks over a Ray Data actor pool; each actor builds ``worker_cls`` once.
+
+    Progress is our own bar over the result rows (one per task, as in `run_local`): Ray
+    Data's bar reports "finished" when the run is interrupted, so it is turned off.
+    """
     import ray
 
     init_ray(address, None)
@@ -103,6 +163,8 @@ def run_ray(
     size = num_workers or max(1, cpus - 1)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False
+    logging.getLogger("ray.data._internal.progress").addFilter(_drop_bars_disabled_notice)
     ds = ray.data.from_items([{"task": t} for t in tasks], override_num_blocks=max(1, len(tasks)))
     mapped = ds.map_batches(
         worker_cls,
@@ -111,7 +173,17 @@ def run_ray(
         compute=ray.data.ActorPoolStrategy(size=size),
         num_cpus=1,
     )
-    return mapped.take_all()
+    rows: list[dict] = []
+    with tqdm(total=len(tasks), desc=desc, unit="task", disable=not sys.stderr.isatty()) as bar:
+        for row in mapped.iter_rows():
+            rows.append(dict(row))
+            bar.update(1)
+    return rows
+
+
+def _drop_bars_disabled_notice(record: logging.LogRecord) -> bool:
+    """Ray Data's "Progress bars disabled. To enable, ..." warning: ours is on instead."""
+    return not record.getMessage().startswith("Progress bars disabled")
 
 
 LOCAL = ExecutorConfig(executor="local")  # in-process, for tests and small runs
