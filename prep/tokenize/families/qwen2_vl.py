@@ -39,14 +39,32 @@ QWEN2_VIDEO_CLASS_DEFAULTS = {
 }
 
 
-def count_image(
-    width: int, height: int, *, patch_size: int, merge_size: int, min_pixels: int, max_pixels: int, token_id: int
-) -> MediaCount:
-    """Qwen-VL image: grid (1, hb/patch, wb/patch) and that many / merge^2 placeholder tokens."""
-    hb, wb = resize_grid(height, width, patch_size * merge_size, min_pixels, max_pixels)
-    gh, gw = hb // patch_size, wb // patch_size
-    n = gh * gw // merge_size**2
-    return MediaCount(kind="image", grid_t=1, grid_h=gh, grid_w=gw, num_tokens=n, expansion=(token_id,) * n)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QwenImageRule:
+    """The Qwen-VL image rule (Qwen2/2.5/3-VL, Qwen3.5, Qwen2.5/3-Omni), set from the loaded image processor."""
+
+    patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+
+    @classmethod
+    def from_image_processor(cls, image_processor: Any) -> QwenImageRule:
+        min_pixels, max_pixels = image_pixel_limits(image_processor)
+        return cls(
+            patch_size=int(image_processor.patch_size),
+            merge_size=int(image_processor.merge_size),
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+        )
+
+    def count(self, width: int, height: int, token_id: int) -> MediaCount:
+        """Grid (1, hb/patch, wb/patch) and that many / merge^2 ``token_id`` placeholders."""
+        patch, merge = self.patch_size, self.merge_size
+        hb, wb = resize_grid(height, width, patch * merge, self.min_pixels, self.max_pixels)
+        gh, gw = hb // patch, wb // patch
+        n = gh * gw // merge**2
+        return MediaCount(kind="image", grid_t=1, grid_h=gh, grid_w=gw, num_tokens=n, expansion=(token_id,) * n)
 
 
 def resize_grid(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -62,36 +80,20 @@ def resize_grid(height: int, width: int, factor: int, min_pixels: int, max_pixel
 class Qwen2VLCounter:
     image_token_id: int
     video_token_id: int
-    patch_size: int
-    merge_size: int
-    min_pixels: int
-    max_pixels: int
+    image: QwenImageRule
     video: VideoSettings
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> Qwen2VLCounter:
-        ip = bundle.image_processor
-        min_pixels, max_pixels = image_pixel_limits(ip)
         return cls(
             image_token_id=bundle.token_id("<|image_pad|>", "image_token"),
             video_token_id=bundle.token_id("<|video_pad|>", "video_token"),
-            patch_size=int(ip.patch_size),
-            merge_size=int(ip.merge_size),
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
+            image=QwenImageRule.from_image_processor(bundle.image_processor),
             video=VideoSettings.from_config(bundle.video_config, QWEN2_VIDEO_CLASS_DEFAULTS),
         )
 
     def count_image(self, width: int, height: int) -> MediaCount:
-        return count_image(
-            width,
-            height,
-            patch_size=self.patch_size,
-            merge_size=self.merge_size,
-            min_pixels=self.min_pixels,
-            max_pixels=self.max_pixels,
-            token_id=self.image_token_id,
-        )
+        return self.image.count(width, height, self.image_token_id)
 
     def sample_frames(self, meta: VideoMeta, sampling: VideoSampling) -> list[int]:
         """``Qwen2VLVideoProcessor.sample_frames``, float32 torch arithmetic included."""

@@ -19,8 +19,8 @@ from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize 
 
 from prep.sources.media import VideoMeta
 from prep.tokenize.families.base import MediaCount, MediaRejected, register_counter
-from prep.tokenize.families.qwen2_vl import count_image
-from prep.tokenize.families.settings import VideoSettings, image_pixel_limits
+from prep.tokenize.families.qwen2_vl import QwenImageRule
+from prep.tokenize.families.settings import VideoSettings
 from prep.tokenize.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
 
@@ -45,40 +45,24 @@ class Qwen3VLCounter:
     video_token_id: int
     vision_start_id: int
     vision_end_id: int
-    patch_size: int
-    merge_size: int
-    min_pixels: int
-    max_pixels: int
+    image: QwenImageRule
     video: VideoSettings
     tokenizer: Any
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> Qwen3VLCounter:
-        ip = bundle.image_processor
-        min_pixels, max_pixels = image_pixel_limits(ip)
         return cls(
             image_token_id=bundle.token_id("<|image_pad|>", "image_token"),
             video_token_id=bundle.token_id("<|video_pad|>", "video_token"),
             vision_start_id=bundle.token_id("<|vision_start|>", "vision_start_token"),
             vision_end_id=bundle.token_id("<|vision_end|>", "vision_end_token"),
-            patch_size=int(ip.patch_size),
-            merge_size=int(ip.merge_size),
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
+            image=QwenImageRule.from_image_processor(bundle.image_processor),
             video=VideoSettings.from_config(bundle.video_config, QWEN3_VIDEO_CLASS_DEFAULTS),
             tokenizer=bundle.tokenizer,
         )
 
     def count_image(self, width: int, height: int) -> MediaCount:
-        return count_image(
-            width,
-            height,
-            patch_size=self.patch_size,
-            merge_size=self.merge_size,
-            min_pixels=self.min_pixels,
-            max_pixels=self.max_pixels,
-            token_id=self.image_token_id,
-        )
+        return self.image.count(width, height, self.image_token_id)
 
     def sample_frames(self, meta: VideoMeta, sampling: VideoSampling) -> list[int]:
         """``Qwen3VLVideoProcessor.sample_frames`` (min/max frames from the dataset config win)."""

@@ -8,7 +8,7 @@ so the loaded image processor's settings are the effective ones. Image rules:
 1. ``image_processing_pil_qwen2_vl.smart_resize`` with factor patch x merge (Qwen2.5-Omni-7B:
    14 x 2 = 28; Qwen3-Omni-30B-A3B: 16 x 2 = 32), 3136..12845056 pixels; an aspect ratio
    > 200 raises ValueError (here :class:`MediaRejected`). Counted by
-   :func:`prep.tokenize.families.qwen2_vl.count_image`.
+   :class:`prep.tokenize.families.qwen2_vl.QwenImageRule`.
 2. ``replace_image_token`` (``processing_qwen2_5_omni.py`` / ``processing_qwen3_omni_moe.py``):
    ``image_token * (grid_thw.prod() // merge_size**2)``. The image token is the tokenizer's
    ``image_token``: ``<|IMAGE|>`` (Qwen2.5-Omni), ``<|image_pad|>`` (Qwen3-Omni). The chat
@@ -32,8 +32,7 @@ from typing import Any, ClassVar
 
 from prep.sources.media import VideoMeta
 from prep.tokenize.families.base import MediaCount, MediaRejected, register_counter
-from prep.tokenize.families.qwen2_vl import count_image
-from prep.tokenize.families.settings import image_pixel_limits
+from prep.tokenize.families.qwen2_vl import QwenImageRule
 from prep.tokenize.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
 
@@ -45,36 +44,20 @@ class QwenOmniCounter:
 
     image_token_id: int
     video_token_id: int
-    patch_size: int
-    merge_size: int
-    min_pixels: int
-    max_pixels: int
+    image: QwenImageRule
     processor_class: str
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> QwenOmniCounter:
-        ip = bundle.image_processor
-        min_pixels, max_pixels = image_pixel_limits(ip)
         return cls(
             image_token_id=bundle.token_id("<|IMAGE|>", "image_token"),
             video_token_id=bundle.token_id("<|VIDEO|>", "video_token"),
-            patch_size=int(ip.patch_size),
-            merge_size=int(ip.merge_size),
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
+            image=QwenImageRule.from_image_processor(bundle.image_processor),
             processor_class=bundle.processor_class,
         )
 
     def count_image(self, width: int, height: int) -> MediaCount:
-        return count_image(
-            width,
-            height,
-            patch_size=self.patch_size,
-            merge_size=self.merge_size,
-            min_pixels=self.min_pixels,
-            max_pixels=self.max_pixels,
-            token_id=self.image_token_id,
-        )
+        return self.image.count(width, height, self.image_token_id)
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
         raise MediaRejected(f"{self.processor_class} video has no closed form; only the real processor counts it")

@@ -61,8 +61,8 @@ def test_qwen3_5_loads_as_qwen3_vl_processor_with_its_own_tokenizer(bundle, q35_
     assert type(bundle.image_processor).__name__ == "Qwen2VLImageProcessorPil"
     counter = find_counter(bundle.processor_class)(bundle)
     assert isinstance(counter, Qwen3VLCounter)
-    assert (counter.patch_size, counter.merge_size) == (16, 2)
-    assert (counter.min_pixels, counter.max_pixels) == (65536, 16777216)
+    assert (counter.image.patch_size, counter.image.merge_size) == (16, 2)
+    assert (counter.image.min_pixels, counter.image.max_pixels) == (65536, 16777216)
     assert counter.image_token_id == bundle.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     merged = bundle.processor._merge_kwargs(bundle.processor.valid_processor_kwargs)["images_kwargs"]
     assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
@@ -273,5 +273,5 @@ def test_property_grid_equals_the_image_processor(bundle):
             continue
         count = counter.count_image(width, height)
         assert [int(v) for v in out["image_grid_thw"][0]] == [count.grid_t, count.grid_h, count.grid_w], (width, height)
-        assert out["pixel_values"].shape[0] == count.num_tokens * counter.merge_size**2
+        assert out["pixel_values"].shape[0] == count.num_tokens * counter.image.merge_size**2
         assert count.expansion == (counter.image_token_id,) * count.num_tokens

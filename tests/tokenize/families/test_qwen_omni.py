@@ -63,8 +63,8 @@ def test_load_processor_builds_the_real_processor_on_cpu(omni_bundles):
         assert bundle.processor is not None, "real Omni processor not built (verification would be off)"
         counter = find_counter(bundle.processor_class)(bundle)
         assert isinstance(counter, QwenOmniCounter) and not counter.counts_video
-        assert (counter.patch_size, counter.merge_size) == (spec.patch_size, 2)
-        assert (counter.min_pixels, counter.max_pixels) == (3136, 12845056)
+        assert (counter.image.patch_size, counter.image.merge_size) == (spec.patch_size, 2)
+        assert (counter.image.min_pixels, counter.image.max_pixels) == (3136, 12845056)
         image_token = spec.named["image_token"]
         assert counter.image_token_id == bundle.tokenizer.convert_tokens_to_ids(image_token)
         assert bundle.processor.image_token == image_token
@@ -291,5 +291,5 @@ def test_property_grid_equals_the_image_processor(omni_bundles, family):
             continue
         count = counter.count_image(width, height)
         assert [int(v) for v in out["image_grid_thw"][0]] == [count.grid_t, count.grid_h, count.grid_w], (width, height)
-        assert out["pixel_values"].shape[0] == count.num_tokens * counter.merge_size**2
+        assert out["pixel_values"].shape[0] == count.num_tokens * counter.image.merge_size**2
         assert count.expansion == (counter.image_token_id,) * count.num_tokens
