@@ -18,6 +18,7 @@ import json
 import logging
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import transformers
@@ -77,8 +78,55 @@ def _warn_no_torchvision_once(path: str) -> None:
     )
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+# Files any processor repo has one of; a cached one means the HF cache holds the repo.
+_PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json", "config.json")
+
+
+def _check_hub_reachable(path: str) -> None:
+    """Fail at once for a hub id that cannot load: HF retries each file ~23 s when offline.
+
+    huggingface_hub retries connection errors 5 times with backoff 1, 2, 4, 8, 8 s
+    (``huggingface_hub.utils._http._http_backoff_base``) for each file transformers asks
+    for, with no setting to shorten it: a wrong id without network took ~2 min before any
+    message. A local directory, or a string that is not a repo id (``validate_repo_id``
+    raises at once), is left to ``from_pretrained``. For a repo id: with ``HF_HUB_OFFLINE``
+    set only the HF cache can serve it; otherwise one request to the endpoint without
+    retries (the hub's own session, so proxies apply) tells whether the hub answers.
+
+    Raises:
+        ProcessorLoadError: Not in the cache under HF_HUB_OFFLINE, or the hub is unreachable.
+    """
+    from huggingface_hub import constants, get_session, try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if Path(path).expanduser().is_dir():
+        return
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        return
+    cached = any(isinstance(try_to_load_from_cache(path, name), str) for name in _PROCESSOR_FILES)
+    if constants.HF_HUB_OFFLINE:
+        if cached:
+            return
+        raise ProcessorLoadError(
+            f"--processor {path!r}: no such local directory, and with HF_HUB_OFFLINE set only the Hugging Face "
+            "cache is read, which has no copy of it; give the path of a processor directory"
+        )
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+    except Exception as exc:  # httpx connect/timeout/proxy errors: any means no answer
+        use_cache = " or set HF_HUB_OFFLINE=1 to load the copy in the HF cache" if cached else ""
+        raise ProcessorLoadError(
+            f"--processor {path!r}: no such local directory, and the Hugging Face Hub ({constants.ENDPOINT}) "
+            f"does not answer ({type(exc).__name__}: {exc}); give the path of a processor directory{use_cache}"
+        ) from exc
+
+
 def load_processor(path: str) -> ProcessorBundle:
     """Load a processor by local path or hub id; fall back to pieces when torchvision is missing."""
+    _check_hub_reachable(path)
     try:
         processor = AutoProcessor.from_pretrained(path)
     except (ImportError, ValueError, TypeError, AttributeError) as exc:
