@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from huggingface_hub import constants
 
 from prep.cli import main
@@ -27,7 +27,7 @@ def _closed_port() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again when the block ends
 
 
-def _tokenize(example_dir: Path, out: Path, processor: str) -> tuple[float, object]:
+def _tokenize(example_dir: Path, out: Path, processor: str) -> tuple[float, Result]:
     args = ["tokenize", "--dataset-config", str(example_dir / "dataset_info.json"), "--processor", processor]
     args += ["--output", str(out), "--executor", "local"]
     start = time.monotonic()
