@@ -28,8 +28,7 @@ from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.qwen3_vl import Qwen3VLCounter
 from prep.tokenize.processor import ProcessorBundle, load_processor
-
-from .cases import (
+from tests.tokenize.families.cases import (
     STANDARD_IMAGES,
     MediaFiles,
     assert_ids_equal_processor,
