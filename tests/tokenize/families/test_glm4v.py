@@ -17,31 +17,42 @@ decoding a pixel.
 
 from __future__ import annotations
 
-import json
-import math
 import random
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from PIL import Image
 
 from prep.example.families.glm4v import GLM_CHECKPOINTS, build_glm4v_dir
-from prep.example.media import make_image_bytes, write_video
-from prep.run import LOCAL
 from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
-from prep.tokenize.families.base import MediaRejected, find_counter
+from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.glm4v import Glm4vCounter
-from prep.tokenize.processor import ProcessorBundle, ProcessorLoadError, load_processor
-from prep.tokenize.stage import TokenizeConfig, run_tokenize
-from schemas.dataset_config import VideoSampling, load_dataset_config
-from schemas.layout import ERRORS_DIR, SAMPLES_DIR
-from schemas.reasons import Reason
-from schemas.tokenized import list_parts, open_part
+from prep.tokenize.processor import ProcessorBundle, load_processor
+from tests.tokenize.families.cases import (
+    STANDARD_IMAGES,
+    VIDEO,
+    MediaFiles,
+    assert_ids_equal_processor,
+    assert_loss_mask,
+    assert_refuses_other_image_processor,
+    assert_rejected_like_processor,
+    assert_video_needs_real_processor,
+    conversation_ids,
+    exchange,
+    log_uniform_pair,
+    maybe_swapped,
+    one_image_records,
+    or_rejected,
+    replies,
+    run_stage,
+    same_image_twice,
+    sharegpt_dataset,
+    three_images_one_turn,
+    write_images,
+)
 
 PROCESSOR_CLASS = {name: classes[0] for name, classes in GLM_CHECKPOINTS.items()}
 # What each template renders before an assistant reply, inside the reply's turn (the 4.5V/4.6V
@@ -73,62 +84,25 @@ def test_load_processor_builds_the_real_processor_on_cpu(glm_bundles):
         assert counter.image_token_id == bundle.tokenizer.convert_tokens_to_ids("<|image|>")
 
 
-# name -> (width, height, mode, format, EXIF orientation)
 IMAGES = {
-    "tiny1": (1, 1, "RGB", "PNG", None),
-    "tiny10": (10, 10, "RGB", "JPEG", None),
-    "wide": (3000, 16, "RGB", "PNG", None),  # short side scaled up to 28 first: 5250x28
-    "tall": (16, 3000, "RGB", "PNG", None),
-    "odd": (333, 517, "RGB", "JPEG", None),
-    "odd2": (1537, 29, "RGB", "JPEG", None),
+    **STANDARD_IMAGES,  # wide: short side scaled up to 28 first, 5250x28; ratio205: 28 x 5740 after it, rejected
     "ratio199": (5572, 28, "RGB", "PNG", None),  # 199:1, accepted
-    "exif6": (96, 40, "RGB", "JPEG", 6),  # stored 96x40, shown 40x96
-    "exif8": (1300, 200, "RGB", "JPEG", 8),
-    "rgba": (200, 90, "RGBA", "PNG", None),
-    "gray": (70, 130, "L", "PNG", None),
-    "ratio205": (4100, 20, "RGB", "PNG", None),  # 28 x 5740 after the scale-up: > 200:1, rejected
     "thin": (3000, 1, "RGB", "PNG", None),  # 1 px side -> 84000 x 28: rejected
 }
 REJECTED = ("ratio205", "thin")
 
 
 @pytest.fixture(scope="module")
-def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("glm4v_media")
-    for name, (width, height, mode, fmt, orientation) in IMAGES.items():
-        suffix = "jpg" if fmt == "JPEG" else "png"
-        (root / f"{name}.{suffix}").write_bytes(make_image_bytes(width, height, mode, fmt, orientation, seed=width))
-    Image.new("RGB", (8000, 6000), (30, 120, 200)).save(root / "huge.jpg", quality=50)
-    write_video(root / "clip.mp4", 8, 4.0, 64, 48)
-    return root
+def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
+    return write_images(tmp_path_factory.mktemp("glm4v_media"), IMAGES, video=True)
 
 
-def _file(media_dir: Path, name: str) -> str:
-    return next(p.name for p in media_dir.iterdir() if p.stem == name)
-
-
-def _records(media_dir: Path) -> list[dict]:
+def _records(media: MediaFiles) -> list[dict]:
     """ShareGPT records: every accepted image alone, then the combinations the issue asks for."""
-    f = lambda name: _file(media_dir, name)  # noqa: E731
-    one = [
-        {
-            "messages": [
-                {"role": "user", "content": f"<image>Describe {name}."},
-                {"role": "assistant", "content": f"It is {name}."},
-            ],
-            "images": [f(name)],
-        }
-        for name in IMAGES
-        if name not in REJECTED
-    ]
+    f = media.file
+    one = one_image_records(media, [name for name in IMAGES if name not in REJECTED])
     many = [
-        {  # several images in one turn, text touching the tag on both sides
-            "messages": [
-                {"role": "user", "content": "abc<image><image>def<image>ghi"},
-                {"role": "assistant", "content": "Three images."},
-            ],
-            "images": [f("odd"), f("exif6"), f("huge")],
-        },
+        three_images_one_turn([f("odd"), f("exif6"), f("huge")]),
         {  # images in several turns, with a system prompt
             "messages": [
                 {"role": "system", "content": "You are helpful."},
@@ -141,124 +115,54 @@ def _records(media_dir: Path) -> list[dict]:
             ],
             "images": [f("rgba"), f("gray"), f("tall")],
         },
-        {  # the same image twice, and the 1x1 beside the 199:1
-            "messages": [
-                {"role": "user", "content": "<image>1<image><image>"},
-                {"role": "assistant", "content": "Same."},
-            ],
-            "images": [f("tiny1"), f("ratio199"), f("tiny1")],
-        },
+        same_image_twice([f("tiny1"), f("ratio199"), f("tiny1")]),  # and the 1x1 beside the 199:1
     ]
     return one + many
 
 
-def _write_json(path: Path, payload: dict) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
-
-
-def _spec(tmp_path: Path, media_dir: Path, records: list[dict]):
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
-    config = tmp_path / "dataset_info.json"
-    _write_json(config, {"glm": {"file_name": str(data), "formatting": "sharegpt", "media_dir": str(media_dir)}})
-    return config, load_dataset_config(config)[0]
-
-
-def _hf_ids(bundle: ProcessorBundle, messages: list[dict], paths: list[str]) -> list[int]:
-    """The processor's own template + image loading (from paths, EXIF applied) + expansion."""
-    images = iter(paths)
-    conversation = [
-        {
-            "role": m["role"],
-            "content": [{"type": "image", "path": next(images)} if c["type"] == "image" else c for c in m["content"]]
-            if isinstance(m["content"], list)
-            else m["content"],
-        }
-        for m in messages
-    ]
-    assert bundle.processor is not None
-    out: Any = bundle.processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
-    return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
-
-
-def _shown_size(im: Image.Image) -> tuple[int, int]:
-    orientation = im.getexif().get(0x0112, 1)
-    return (im.height, im.width) if orientation in (5, 6, 7, 8) else im.size
-
-
 @pytest.mark.parametrize("checkpoint", list(GLM_CHECKPOINTS))
-def test_sample_tokenizer_equals_the_processor(glm_bundles, media_dir, tmp_path, checkpoint):
+def test_sample_tokenizer_equals_the_processor(glm_bundles, media, tmp_path, checkpoint):
     bundle = glm_bundles[checkpoint]
     tokenizer = SampleTokenizer(bundle)
     image_ids = {bundle.tokenizer.convert_tokens_to_ids(t) for t in ("<|begin_of_image|>", "<|image|>")}
-    _, spec = _spec(tmp_path, media_dir, _records(media_dir))
-    for record in _records(media_dir):
-        conv = to_conversation(record, spec)
-        sample = tokenizer.tokenize(conv, VideoSampling())
-        expected = _hf_ids(bundle, conv.messages, [item.ref.path for item in conv.media])
-        assert sample.input_ids == expected, record["images"]
+    _, spec = sharegpt_dataset(tmp_path, media.root, _records(media))
+    for record in _records(media):
+        sample = assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the assistant turns (the templates end a reply with nothing)
-        learned = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
-        replies = [REPLY_PREFIX[checkpoint] + m["content"] for m in record["messages"] if m["role"] == "assistant"]
-        assert bundle.tokenizer.decode(learned) == "".join(replies)
+        assert_loss_mask(bundle, sample, "".join(REPLY_PREFIX[checkpoint] + r for r in replies(record)), image_ids)
         assert sample.loss_mask[-1] == 1
-        assert not any(m for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if t in image_ids)
-        for (_, count), item in zip(sample.media, conv.media, strict=True):
-            with Image.open(item.ref.path) as im:
-                assert (count.width, count.height) == _shown_size(im)
+        for _, count in sample.media:
             assert count.num_tiles == 1 and count.grid_t == 1
 
 
 @pytest.mark.parametrize("name", REJECTED)
-def test_aspect_over_200_is_an_error_like_the_processor(glm_bundles, media_dir, tmp_path, name):
-    bundle = glm_bundles["glm4_1v"]
-    record = {
-        "messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
-        "images": [_file(media_dir, name)],
-    }
-    _, spec = _spec(tmp_path, media_dir, [record])
-    conv = to_conversation(record, spec)
-    with pytest.raises(ValueError, match="aspect ratio"):
-        _hf_ids(bundle, conv.messages, [conv.media[0].ref.path])
-    with pytest.raises(SampleError) as err:
-        SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert err.value.reason == Reason.PROCESSOR_REJECTED
+def test_aspect_over_200_is_an_error_like_the_processor(glm_bundles, media, tmp_path, name):
+    assert_rejected_like_processor(glm_bundles["glm4_1v"], tmp_path, media, name, match="aspect ratio")
 
 
-def test_video_is_the_real_processor_or_a_clear_error_row(glm_bundles, media_dir, tmp_path):
+def test_video_is_the_real_processor_or_a_clear_error_row(glm_bundles, media, tmp_path):
     bundle = glm_bundles["glm4_1v"]
     assert Glm4vCounter.counts_video is False
-    record = {
-        "messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "y"}],
-        "videos": ["clip.mp4"],
-    }
-    _, spec = _spec(tmp_path, media_dir, [record])
-    if getattr(bundle.processor, "video_processor", None) is not None:
-        pytest.skip("torchvision present: video runs the real processor (covered by its own path)")
-    with pytest.raises(SampleError) as err:
-        SampleTokenizer(bundle).tokenize(to_conversation(record, spec), VideoSampling())
-    assert err.value.reason == Reason.PROCESSOR_REJECTED and "real processor" in str(err.value)
+    record = exchange("<video>What happens?", "y", videos=[VIDEO])
+    _, spec = sharegpt_dataset(tmp_path, media.root, [record])
+    err = assert_video_needs_real_processor(bundle, to_conversation(record, spec))
+    assert "real processor" in str(err)
 
 
 def test_other_image_processor_is_refused_not_guessed(glm_bundles):
-    from dataclasses import replace
-
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    with pytest.raises(ProcessorLoadError, match="Glm4vImageProcessor"):
-        Glm4vCounter.from_processor(replace(glm_bundles["glm4_1v"], image_processor=Qwen2VLImageProcessorPil()))
+    assert_refuses_other_image_processor(Glm4vCounter, glm_bundles["glm4_1v"], "Glm4vImageProcessor")
 
 
 def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..1500, a third with a side under 28 (the scale-up), some on 28-multiples."""
     sizes = []
     for i in range(n):
-        w, h = (max(1, int(math.exp(rng.uniform(0, math.log(1500))))) for _ in range(2))
+        w, h = log_uniform_pair(rng, 1500)
         if i % 3 == 0:
             h = rng.randint(1, 27)
         elif i % 7 == 0:
             w = 28 * rng.randint(1, 50) + rng.choice([-1, 0, 1, 14])
-        sizes.append((w, h) if rng.random() < 0.5 else (h, w))
+        sizes.append(maybe_swapped(rng, w, h))
     return sizes
 
 
@@ -271,13 +175,11 @@ def test_property_grid_equals_the_image_processor(glm_bundles, checkpoint):
     rejected = 0
     for width, height in _property_sizes(random.Random(f"glm-{checkpoint}"), 500):
         image = Image.new("RGB", (width, height))
-        try:
-            grid = ip(images=[image], do_rescale=False, do_normalize=False)["image_grid_thw"][0]
-        except ValueError:
-            with pytest.raises(MediaRejected):
-                counter.count_image(width, height)
+        out = or_rejected(partial(ip, images=[image], do_rescale=False, do_normalize=False), counter, width, height)
+        if out is None:
             rejected += 1
             continue
+        grid = out["image_grid_thw"][0]
         count = counter.count_image(width, height)
         assert (count.grid_t, count.grid_h, count.grid_w) == tuple(int(v) for v in grid), (width, height)
         assert count.num_tokens == int(np.prod(grid)) // 4 == len(count.expansion), (width, height)
@@ -296,40 +198,12 @@ def test_pixel_budget_counts_the_temporal_patch(glm_bundles):
     assert counter.count_image(1920, 1080).num_tokens == 2691  # the module docstring's example
 
 
-def _table(out: Path, table: str) -> pa.Table:
-    return pa.concat_tables([open_part(p) for p in list_parts(out, table)])
-
-
-def test_stage_stores_the_processor_ids_and_error_rows(glm_dirs, glm_bundles, media_dir, tmp_path):
+def test_stage_stores_the_processor_ids_and_error_rows(glm_dirs, glm_bundles, media, tmp_path):
     """``prep tokenize`` on a small dataset (glm4_6v), every sample verified by the stage too."""
-    bad = [
-        {
-            "messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
-            "images": [_file(media_dir, "ratio205")],
-        },
-        {
-            "messages": [{"role": "user", "content": "<video>x"}, {"role": "assistant", "content": "y"}],
-            "videos": ["clip.mp4"],
-        },
-    ]
-    records = _records(media_dir)[-2:] + bad
-    config, spec = _spec(tmp_path, media_dir, records)
-    out = tmp_path / "out"
-    manifest = run_tokenize(
-        TokenizeConfig(
-            dataset_config=str(config),
-            processor=str(glm_dirs["glm4_6v"]),
-            output_dir=str(out),
-            verify_fraction=1.0,
-            max_error_rate=1.0,
-            executor=LOCAL,
-        )
-    )
-    errors = _table(out, ERRORS_DIR).to_pylist()
-    assert [e["reason"] for e in errors] == ["processor_rejected", "processor_rejected"]
-    rows = _table(out, SAMPLES_DIR).to_pylist()
-    assert len(rows) == len(records) - 2 and manifest.verify.checked == len(rows)
-    bundle = glm_bundles["glm4_6v"]
-    for row in rows:
-        conv = to_conversation(records[row["line"]], spec)
-        assert row["input_ids"] == _hf_ids(bundle, conv.messages, [i.ref.path for i in conv.media])
+    bad = [exchange("<image>x", "y", images=[media.file("ratio205")]), exchange("<video>x", "y", videos=[VIDEO])]
+    records = _records(media)[-2:] + bad
+    run = run_stage(tmp_path, glm_dirs["glm4_6v"], media.root, records)
+    assert [e["reason"] for e in run.errors] == ["processor_rejected", "processor_rejected"]
+    assert len(run.rows) == len(records) - 2 and run.manifest.verify.checked == len(run.rows)
+    for row, conv in run.conversations(records):
+        assert row["input_ids"] == conversation_ids(glm_bundles["glm4_6v"], conv)
