@@ -20,35 +20,41 @@ it decodes and EXIF-transposes them itself), compared with what ``SampleTokenize
 
 from __future__ import annotations
 
-import json
-import math
 import random
+from functools import partial
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pytest
 from PIL import Image
 
 from prep.example.families.pixtral import CHECKPOINTS, build_processor_dir
-from prep.example.media import make_image_bytes, write_video
-from prep.run import LOCAL
 from prep.sources.formats.sharegpt import to_conversation
-from prep.sources.media import VideoMeta
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
-from prep.tokenize.families.base import MediaRejected, find_counter
+from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.pixtral import PixtralCounter
 from prep.tokenize.processor import ProcessorBundle, load_processor
-from prep.tokenize.stage import TokenizeConfig, run_tokenize
-from schemas.dataset_config import VideoSampling, load_dataset_config
-from schemas.layout import ERRORS_DIR, SAMPLES_DIR
-from schemas.reasons import Reason
-from schemas.tokenized import list_parts, open_part
-
-
-def _write_json(path: Path, payload: dict) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
+from tests.tokenize.families.cases import (
+    STANDARD_IMAGES,
+    VIDEO,
+    MediaFiles,
+    assert_ids_equal_processor,
+    assert_loss_mask,
+    assert_rejected_like_processor,
+    assert_video_unsupported,
+    conversation_ids,
+    exchange,
+    images_in_three_turns,
+    log_uniform_pair,
+    maybe_swapped,
+    one_image_records,
+    or_rejected,
+    replies,
+    run_stage,
+    same_image_twice,
+    sharegpt_dataset,
+    three_images_one_turn,
+    write_images,
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,206 +82,72 @@ def test_load_processor_builds_the_real_processor_on_cpu(pixtral_bundles):
     assert a != b
 
 
-# name -> (width, height, mode, format, EXIF orientation)
 IMAGES = {
-    "tiny1": (1, 1, "RGB", "PNG", None),
-    "tiny10": (10, 10, "RGB", "JPEG", None),
-    "wide": (3000, 16, "RGB", "PNG", None),
-    "tall": (16, 3000, "RGB", "PNG", None),
-    "ratio205": (4100, 20, "RGB", "PNG", None),  # > 200:1 (Qwen rejects it; Pixtral does not)
-    "odd": (333, 517, "RGB", "JPEG", None),
-    "odd2": (1537, 29, "RGB", "JPEG", None),
-    "exif6": (96, 40, "RGB", "JPEG", 6),  # stored 96x40, shown 40x96
-    "exif8": (1300, 200, "RGB", "JPEG", 8),
-    "rgba": (200, 90, "RGBA", "PNG", None),
-    "gray": (70, 130, "L", "PNG", None),
+    **STANDARD_IMAGES,  # ratio205: > 200:1 (Qwen rejects it; Pixtral does not)
     "h1": (1000, 1, "RGB", "PNG", None),  # a 1-pixel side, not floored to 0
     "h3": (40, 3, "RGB", "PNG", None),  # 3 rows: looks like a channel axis to naive code
     "floor0": (3000, 1, "RGB", "PNG", None),  # ratio 2.9 (and 1.9): the short side floors to 0
 }
+MEDIA_IDS = (10, 12, 13)  # [IMG], [IMG_BREAK], [IMG_END]
 
 
 @pytest.fixture(scope="module")
-def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pixtral_media")
-    for name, (width, height, mode, fmt, orientation) in IMAGES.items():
-        suffix = "jpg" if fmt == "JPEG" else "png"
-        (root / f"{name}.{suffix}").write_bytes(make_image_bytes(width, height, mode, fmt, orientation, seed=width))
-    Image.new("RGB", (8000, 6000), (30, 120, 200)).save(root / "huge.jpg", quality=50)
-    write_video(root / "clip.mp4", 8, 4.0, 64, 48)
-    return root
+def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
+    return write_images(tmp_path_factory.mktemp("pixtral_media"), IMAGES, video=True)
 
 
-def _file(media_dir: Path, name: str) -> str:
-    return next(p.name for p in media_dir.iterdir() if p.stem == name)
-
-
-def _records(media_dir: Path) -> list[dict]:
+def _records(media: MediaFiles) -> list[dict]:
     """ShareGPT records: every image alone, then the combinations the issue asks for."""
-    f = lambda name: _file(media_dir, name)  # noqa: E731
-    one = [
-        {
-            "messages": [
-                {"role": "user", "content": f"<image>Describe {name}."},
-                {"role": "assistant", "content": f"It is {name}."},
-            ],
-            "images": [f(name)],
-        }
-        for name in [*IMAGES, "huge"]
-        if name != "floor0"
-    ]
+    f = media.file
+    one = one_image_records(media, [n for n in [*IMAGES, "huge"] if n != "floor0"])
     many = [
-        {  # several images in one turn, text touching the tag on both sides
-            "messages": [
-                {"role": "user", "content": "abc<image><image>def<image>ghi"},
-                {"role": "assistant", "content": "Three images."},
-            ],
-            "images": [f("odd"), f("exif6"), f("huge")],
-        },
-        {  # images in several turns
-            "messages": [
-                {"role": "user", "content": "<image>What is it?"},
-                {"role": "assistant", "content": "A cat."},
-                {"role": "user", "content": "And here?<image>"},
-                {"role": "assistant", "content": "A dog on a red table."},
-                {"role": "user", "content": "x<image>y"},
-                {"role": "assistant", "content": "The tree."},
-            ],
-            "images": [f("rgba"), f("gray"), f("tall")],
-        },
-        {  # the same image twice, and the 1x1 beside the 205:1
-            "messages": [
-                {"role": "user", "content": "<image>1<image><image>"},
-                {"role": "assistant", "content": "Same."},
-            ],
-            "images": [f("tiny1"), f("ratio205"), f("tiny1")],
-        },
+        three_images_one_turn([f("odd"), f("exif6"), f("huge")]),
+        images_in_three_turns([f("rgba"), f("gray"), f("tall")]),
+        same_image_twice([f("tiny1"), f("ratio205"), f("tiny1")]),  # and the 1x1 beside the 205:1
     ]
     return one + many
 
 
-def _spec(tmp_path: Path, media_dir: Path, records: list[dict]):
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
-    config = tmp_path / "dataset_info.json"
-    _write_json(config, {"pix": {"file_name": str(data), "formatting": "sharegpt", "media_dir": str(media_dir)}})
-    return config, load_dataset_config(config)[0]
-
-
-def _hf_ids(bundle: ProcessorBundle, messages: list[dict], paths: list[str]) -> list[int]:
-    """The processor's own template + image loading (from paths, EXIF applied) + expansion."""
-    images = iter(paths)
-    conversation = [
-        {
-            "role": m["role"],
-            "content": [{"type": "image", "path": next(images)} if c["type"] == "image" else c for c in m["content"]]
-            if isinstance(m["content"], list)
-            else m["content"],
-        }
-        for m in messages
-    ]
-    assert bundle.processor is not None
-    out = bundle.processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
-    return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
-
-
 @pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
-def test_sample_tokenizer_equals_the_processor(pixtral_bundles, media_dir, tmp_path, checkpoint):
+def test_sample_tokenizer_equals_the_processor(pixtral_bundles, media, tmp_path, checkpoint):
     bundle = pixtral_bundles[checkpoint]
     tokenizer = SampleTokenizer(bundle)
-    _, spec = _spec(tmp_path, media_dir, _records(media_dir))
-    for record in _records(media_dir):
-        conv = to_conversation(record, spec)
-        sample = tokenizer.tokenize(conv, VideoSampling())
-        expected = _hf_ids(bundle, conv.messages, [item.ref.path for item in conv.media])
-        assert sample.input_ids == expected, record["images"]
+    _, spec = sharegpt_dataset(tmp_path, media.root, _records(media))
+    for record in _records(media):
+        sample = assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the assistant replies and their </s>, nothing else
-        learned = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
-        replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-        assert bundle.tokenizer.decode(learned) == "".join(r + "</s>" for r in replies)
-        assert sample.loss_mask[-1] == 1 and not any(
-            m for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if t in (10, 12, 13)
-        )
-        for (_, count), item in zip(sample.media, conv.media, strict=True):
-            with Image.open(item.ref.path) as im:
-                assert (count.width, count.height) == _shown_size(im)
-
-
-def _shown_size(im: Image.Image) -> tuple[int, int]:
-    orientation = im.getexif().get(0x0112, 1)
-    return (im.height, im.width) if orientation in (5, 6, 7, 8) else im.size
+        assert_loss_mask(bundle, sample, "".join(r + "</s>" for r in replies(record)), MEDIA_IDS)
+        assert sample.loss_mask[-1] == 1
 
 
 @pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
-def test_a_side_flooring_to_zero_is_an_error_like_the_processor(pixtral_bundles, media_dir, tmp_path, checkpoint):
-    bundle = pixtral_bundles[checkpoint]
-    record = {
-        "messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
-        "images": [_file(media_dir, "floor0")],
-    }
-    _, spec = _spec(tmp_path, media_dir, [record])
-    conv = to_conversation(record, spec)
-    with pytest.raises(ValueError):
-        _hf_ids(bundle, conv.messages, [conv.media[0].ref.path])
-    with pytest.raises(SampleError) as err:
-        SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert err.value.reason == Reason.PROCESSOR_REJECTED
+def test_a_side_flooring_to_zero_is_an_error_like_the_processor(pixtral_bundles, media, tmp_path, checkpoint):
+    assert_rejected_like_processor(pixtral_bundles[checkpoint], tmp_path, media, "floor0")
 
 
 def test_video_is_an_unsupported_media_error(pixtral_bundles):
-    counter = find_counter("PixtralProcessor")(pixtral_bundles["pixtral_12b"])
-    with pytest.raises(SampleError) as err:
-        counter.count_video(VideoMeta(num_frames=8, fps=4.0, width=64, height=48), VideoSampling())
-    assert err.value.reason == Reason.UNSUPPORTED_MEDIA
+    assert_video_unsupported(find_counter("PixtralProcessor")(pixtral_bundles["pixtral_12b"]))
 
 
-def _table(out: Path, table: str) -> pa.Table:
-    return pa.concat_tables([open_part(p) for p in list_parts(out, table)])
-
-
-def test_stage_stores_the_processor_ids_and_error_rows(pixtral_dirs, pixtral_bundles, media_dir, tmp_path):
+def test_stage_stores_the_processor_ids_and_error_rows(pixtral_dirs, pixtral_bundles, media, tmp_path):
     """``prep tokenize`` on a small dataset (mistral_small_3_1), every sample verified by the stage too."""
-    bad = [
-        {
-            "messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
-            "images": [_file(media_dir, "floor0")],
-        },
-        {
-            "messages": [{"role": "user", "content": "<video>x"}, {"role": "assistant", "content": "y"}],
-            "videos": ["clip.mp4"],
-        },
-    ]
-    records = _records(media_dir) + bad
-    config, spec = _spec(tmp_path, media_dir, records)
-    out = tmp_path / "out"
-    manifest = run_tokenize(
-        TokenizeConfig(
-            dataset_config=str(config),
-            processor=str(pixtral_dirs["mistral_small_3_1"]),
-            output_dir=str(out),
-            verify_fraction=1.0,
-            max_error_rate=1.0,
-            executor=LOCAL,
-        )
-    )
-    errors = _table(out, ERRORS_DIR).to_pylist()
-    assert sorted(e["reason"] for e in errors) == ["processor_rejected", "unsupported_media"]
-    rows = _table(out, SAMPLES_DIR).to_pylist()
-    assert len(rows) == len(records) - 2 and manifest.verify.checked == len(rows)
-    bundle = pixtral_bundles["mistral_small_3_1"]
-    for row in rows:
-        conv = to_conversation(records[row["line"]], spec)
-        assert row["input_ids"] == _hf_ids(bundle, conv.messages, [i.ref.path for i in conv.media])
+    bad = [exchange("<image>x", "y", images=[media.file("floor0")]), exchange("<video>x", "y", videos=[VIDEO])]
+    records = _records(media) + bad
+    run = run_stage(tmp_path, pixtral_dirs["mistral_small_3_1"], media.root, records)
+    assert sorted(e["reason"] for e in run.errors) == ["processor_rejected", "unsupported_media"]
+    assert len(run.rows) == len(records) - 2 and run.manifest.verify.checked == len(run.rows)
+    for row, conv in run.conversations(records):
+        assert row["input_ids"] == conversation_ids(pixtral_bundles["mistral_small_3_1"], conv)
 
 
 def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..5000 plus sides near the longest edge and multiples of the patch."""
     sizes = []
     for _ in range(n):
-        w, h = (max(1, int(math.exp(rng.uniform(0, math.log(5000))))) for _ in range(2))
+        w, h = log_uniform_pair(rng, 5000)
         if rng.random() < 0.2:
             w = rng.choice([1024, 1025, 1540, 1541, 1536, 1008, 28 * rng.randint(1, 60), 16 * rng.randint(1, 70)])
-        sizes.append((w, h) if rng.random() < 0.5 else (h, w))
+        sizes.append(maybe_swapped(rng, w, h))
     return sizes
 
 
@@ -288,11 +160,9 @@ def test_property_grid_equals_the_image_processor(pixtral_bundles, checkpoint):
     patch, merge = counter.patch_size, counter.merge_size
     for width, height in _property_sizes(random.Random(f"pixtral-{checkpoint}"), 500):
         image = Image.new("RGB", (width, height))
-        try:
-            out = bundle.processor(text=["[IMG]"], images=[image], add_special_tokens=False, return_tensors="np")
-        except ValueError:
-            with pytest.raises(MediaRejected):
-                counter.count_image(width, height)
+        call = partial(bundle.processor, text=["[IMG]"], images=[image], add_special_tokens=False, return_tensors="np")
+        out = or_rejected(call, counter, width, height)
+        if out is None:
             continue
         count = counter.count_image(width, height)
         resized_h, resized_w = (int(v) for v in out["image_sizes"][0])
