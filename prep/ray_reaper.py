@@ -12,11 +12,19 @@ changes how the death is seen). Ray's own answer for systems without kernel fate
 and kills the rest when it reads EOF. This is the same idea, limited to the processes
 ``ray.init`` started (never the driver's process group, which may be a shell's or pytest's):
 
-    driver --pipe--> reaper: every 0.5 s records the Ray head processes and their descendants
+    driver --pipe--> reaper: records the Ray head processes and their descendants (the
+        agents, idle workers), answers one byte (`start_reaper` waits for it, so even a kill
+        right after ``ray.init`` finds the tree recorded), then records again every 0.5 s
     driver dies -> EOF -> reaper SIGKILLs every recorded process still alive (same pid and
     start time) and its descendants, then exits.
 
-Run as ``python -m prep.ray_reaper PID...`` with stdin a pipe the driver holds open.
+The tree must be recorded while the raylet lives: once it dies its children are
+reparented, and they cannot be told by name or environment (``setproctitle`` overwrites
+both). Workers started less than 0.5 s before the end are not recorded; they exit by
+themselves within ~2 s of the raylet (measured), unlike the agents.
+
+Run as ``python -m prep.ray_reaper PID:START...`` (START: /proc start time in clock ticks) with
+stdin a pipe the driver holds open.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import sys
 from pathlib import Path
 
 POLL_S = 0.5
+READY_WAIT_S = 10.0  # the reaper's start (a Python interpreter) on a busy machine
 PROC = Path("/proc")
 
 
@@ -37,19 +46,24 @@ def supported() -> bool:
     return sys.platform.startswith("linux") and PROC.is_dir()
 
 
-def start_reaper(ray_pids: list[int]) -> subprocess.Popen[bytes]:
-    """Start the reaper for the processes ``ray.init`` started (pids of the driver's new children).
+def start_reaper(ray_processes: dict[int, int]) -> subprocess.Popen[bytes]:
+    """Start the reaper for the processes ``ray.init`` started (the driver's new children,
+    pid -> start time) and wait until it has recorded their tree (at most `READY_WAIT_S`).
 
     The driver keeps the write end of the reaper's stdin; no other process inherits it
     (close-on-exec), so the reaper reads EOF exactly when the driver exits, however it exits.
     """
-    return subprocess.Popen(
-        [sys.executable, "-m", "prep.ray_reaper", *map(str, ray_pids)],
+    reaper = subprocess.Popen(
+        [sys.executable, "-m", "prep.ray_reaper", *(f"{pid}:{start}" for pid, start in sorted(ray_processes.items()))],
         stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the driver's process group does not reach it
     )
+    assert reaper.stdout is not None
+    if select.select([reaper.stdout], [], [], READY_WAIT_S)[0]:
+        reaper.stdout.read(1)
+    return reaper
 
 
 def process_table() -> dict[int, tuple[int, int]]:
@@ -67,9 +81,9 @@ def process_table() -> dict[int, tuple[int, int]]:
     return table
 
 
-def children(pid: int) -> set[int]:
-    """Direct children of ``pid``."""
-    return {child for child, (parent, _) in process_table().items() if parent == pid}
+def children(pid: int) -> dict[int, int]:
+    """Direct children of ``pid``: pid -> start time."""
+    return {child: start for child, (parent, start) in process_table().items() if parent == pid}
 
 
 def _record(known: dict[int, int]) -> dict[int, tuple[int, int]]:
@@ -92,7 +106,7 @@ def _kill(known: dict[int, int]) -> None:
     children born since the last poll included."""
     table = _record(known)
     for pid, started in known.items():
-        if table.get(pid, (0, -1))[1] == started:
+        if pid != os.getpid() and table.get(pid, (0, -1))[1] == started:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -100,9 +114,10 @@ def _kill(known: dict[int, int]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    table = process_table()
-    known = {pid: table[pid][1] for pid in map(int, argv) if pid in table}
+    known = {int(pid): int(start) for pid, _, start in (a.partition(":") for a in argv)}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _record(known)
+    os.write(sys.stdout.fileno(), b"1")  # the driver waits for this: the tree is recorded
     while True:
         _record(known)
         ready, _, _ = select.select([sys.stdin], [], [], POLL_S)

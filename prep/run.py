@@ -135,9 +135,10 @@ def init_ray(address: str | None, num_cpus: int | None) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    before = children(os.getpid()) if reaper_supported() else set()
+    before = children(os.getpid()) if reaper_supported() else {}
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
-    started = sorted(children(os.getpid()) - before) if reaper_supported() else []
+    now = children(os.getpid()) if reaper_supported() else {}
+    started = {pid: start for pid, start in now.items() if pid not in before}
     if started:
         _REAPERS.append(start_reaper(started))
 

@@ -1,7 +1,8 @@
 """A `prep tokenize --executor ray` run that is killed or interrupted (issue 10).
 
-- kill -9 of the driver: no process of the embedded Ray outlives it by more than a few
-  seconds (Ray's agents used to linger ~60 s, see `prep.ray_reaper`).
+- kill -9 of the driver (right after `prep.run.init_ray` started the embedded Ray): no
+  process of that Ray outlives it by more than a few seconds (Ray's agents used to linger
+  ~60 s, see `prep.ray_reaper`).
 - Ctrl-C (SIGINT to the whole process group, as a terminal sends it): after the signal the
   driver prints exactly one line and exits 130; no Ray Data "finished"/"failed" line, no
   "Aborted!"; rerunning the same command resumes.
@@ -76,11 +77,12 @@ def _wait_gone(sid: int, limit_s: float) -> tuple[float, list[str]]:
     return time.monotonic() - start, left
 
 
-def test_kill_9_of_the_driver_leaves_no_ray_process(example: Path, tmp_path: Path) -> None:
-    """SIGKILL at an exact point while the embedded Ray is up (before the tokenize manifest)."""
+def test_kill_9_of_the_driver_leaves_no_ray_process(tmp_path: Path) -> None:
+    """SIGKILL right after `init_ray` started the embedded Ray (head processes, agents, workers up)."""
+    script = "import os, signal\nfrom prep.run import init_ray\ninit_ray(None, 1)\nos.kill(os.getpid(), signal.SIGKILL)"
     driver = subprocess.Popen(
-        _command(example, tmp_path / "tok"),
-        env=_env(PACKVLM_CRASH_AT="tokenize.before_manifest"),
+        [sys.executable, "-c", script],
+        env=_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
