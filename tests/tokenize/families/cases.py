@@ -174,6 +174,11 @@ def replies(record: dict[str, Any]) -> list[str]:
     return [m["content"] for m in record["messages"] if m["role"] == "assistant"]
 
 
+def edit_json(path: Path, **changes: Any) -> None:
+    """Set top-level keys of a JSON file (a processor directory's settings)."""
+    path.write_text(json.dumps({**json.loads(path.read_text("utf-8")), **changes}), "utf-8")
+
+
 def sharegpt_dataset(tmp_path: Path, media_dir: Path | None, records: list[dict[str, Any]]) -> tuple[Path, DatasetSpec]:
     """``data.jsonl`` + ``dataset_info.json`` (ShareGPT) under ``tmp_path``: the config path and its spec."""
     data = tmp_path / "data.jsonl"

@@ -15,7 +15,6 @@ decodes and EXIF-transposes them itself) and, for crop counts, the image process
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import shutil
@@ -23,25 +22,36 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from PIL import Image
 
 from prep.example.families.gemma3 import BOI, EOI, IMAGE_SOFT, build_gemma3_processor_dir
-from prep.example.media import make_image_bytes, write_video
-from prep.run import LOCAL
 from prep.sources.formats.sharegpt import to_conversation
-from prep.sources.media import VideoMeta
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import find_counter, image_attention
 from prep.tokenize.families.gemma3 import Gemma3Counter
 from prep.tokenize.processor import ProcessorBundle, load_processor
-from prep.tokenize.stage import TokenizeConfig, run_tokenize
-from schemas.dataset_config import VideoSampling, load_dataset_config
-from schemas.layout import ERRORS_DIR, SAMPLES_DIR
-from schemas.reasons import Reason
-from schemas.tokenized import list_parts, open_part
+from tests.tokenize.families.cases import (
+    STANDARD_IMAGES,
+    VIDEO,
+    MediaFiles,
+    assert_ids_equal_processor,
+    assert_loss_mask,
+    assert_video_unsupported,
+    conversation_ids,
+    edit_json,
+    exchange,
+    images_in_three_turns,
+    log_uniform_pair,
+    maybe_swapped,
+    one_image_records,
+    replies,
+    run_stage,
+    same_image_twice,
+    sharegpt_dataset,
+    three_images_one_turn,
+    write_images,
+)
 
 MODES = ("pan_and_scan_off", "pan_and_scan_on")
 
@@ -84,8 +94,7 @@ def test_load_processor_builds_the_real_processor_on_cpu(bundles):
 def test_the_file_cannot_turn_pan_and_scan_on(gemma_dir, tmp_path):
     """``do_pan_and_scan: true`` in preprocessor_config.json: the processor still passes False, and so do we."""
     shutil.copytree(gemma_dir, tmp_path / "p")
-    config_path = tmp_path / "p" / "preprocessor_config.json"
-    _write_json(config_path, {**json.loads(config_path.read_text("utf-8")), "do_pan_and_scan": True})
+    edit_json(tmp_path / "p" / "preprocessor_config.json", do_pan_and_scan=True)
     bundle = load_processor(str(tmp_path / "p"))
     assert bundle.processor is not None and bundle.image_processor.do_pan_and_scan is True
     counter = Gemma3Counter.from_processor(bundle)
@@ -104,141 +113,50 @@ def test_the_bpe_merge_trap_is_real_in_this_vocabulary(bundles):
         assert joined != apart, (left, right)
 
 
-# name -> (width, height, mode, format, EXIF orientation)
+# odd: portrait 1.55, 2 crops of 333x259; huge: 2 crops when on
 IMAGES = {
-    "tiny1": (1, 1, "RGB", "PNG", None),
-    "tiny10": (10, 10, "RGB", "JPEG", None),
-    "wide": (3000, 16, "RGB", "PNG", None),
-    "tall": (16, 3000, "RGB", "PNG", None),
-    "ratio205": (4100, 20, "RGB", "PNG", None),  # > 200:1
-    "odd": (333, 517, "RGB", "JPEG", None),  # portrait 1.55: 2 crops of 333x259
-    "odd2": (1537, 29, "RGB", "JPEG", None),
-    "pas3": (1200, 400, "RGB", "JPEG", None),  # 3 crops
-    "pas4": (300, 1100, "RGB", "PNG", None),  # 4 crops of 300x275
+    **STANDARD_IMAGES,
     "exif6": (900, 300, "RGB", "JPEG", 6),  # stored 900x300, shown 300x900: 3 crops in a column
     "exif8": (96, 40, "RGB", "JPEG", 8),
     "rgba": (700, 280, "RGBA", "PNG", None),  # 2.5:1 -> 3 crops (half rounds up)
-    "gray": (70, 130, "L", "PNG", None),
+    "pas3": (1200, 400, "RGB", "JPEG", None),  # 3 crops
+    "pas4": (300, 1100, "RGB", "PNG", None),  # 4 crops of 300x275
 }
 
 
 @pytest.fixture(scope="module")
-def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gemma3_media")
-    for name, (width, height, mode, fmt, orientation) in IMAGES.items():
-        suffix = "jpg" if fmt == "JPEG" else "png"
-        (root / f"{name}.{suffix}").write_bytes(make_image_bytes(width, height, mode, fmt, orientation, seed=width))
-    Image.new("RGB", (8000, 6000), (30, 120, 200)).save(root / "huge.jpg", quality=50)  # 2 crops when on
-    write_video(root / "clip.mp4", 8, 4.0, 64, 48)
-    return root
+def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
+    return write_images(tmp_path_factory.mktemp("gemma3_media"), IMAGES, video=True)
 
 
-def _file(media_dir: Path, name: str) -> str:
-    return next(p.name for p in media_dir.iterdir() if p.stem == name)
-
-
-def _records(media_dir: Path) -> list[dict]:
+def _records(media: MediaFiles) -> list[dict]:
     """ShareGPT records: every image alone, then the combinations the issue asks for."""
-    f = lambda name: _file(media_dir, name)  # noqa: E731
-    one = [
-        {
-            "messages": [
-                {"role": "user", "content": f"<image>Describe {name}."},
-                {"role": "assistant", "content": f"It is {name}."},
-            ],
-            "images": [f(name)],
-        }
-        for name in [*IMAGES, "huge"]
-    ]
+    f = media.file
+    one = one_image_records(media, [*IMAGES, "huge"])
     many = [
-        {  # several images in one turn, text touching the tag on both sides
-            "messages": [
-                {"role": "user", "content": "abc<image><image>def<image>ghi"},
-                {"role": "assistant", "content": "Three images."},
-            ],
-            "images": [f("odd"), f("exif6"), f("huge")],
-        },
-        {  # images in several turns, with a system prompt (the first user turn's prefix)
-            "messages": [
-                {"role": "system", "content": "Look:"},
-                {"role": "user", "content": "<image>What is it?"},
-                {"role": "assistant", "content": "A cat."},
-                {"role": "user", "content": "And here?<image>"},
-                {"role": "assistant", "content": "A dog on a red table."},
-                {"role": "user", "content": "x<image>y"},
-                {"role": "assistant", "content": "The tree."},
-            ],
-            "images": [f("rgba"), f("gray"), f("pas4")],
-        },
-        {  # the same image twice, and the 1x1 beside the 205:1
-            "messages": [
-                {"role": "user", "content": "<image>1<image><image>"},
-                {"role": "assistant", "content": "Same."},
-            ],
-            "images": [f("tiny1"), f("ratio205"), f("tiny1")],
-        },
+        three_images_one_turn([f("odd"), f("exif6"), f("huge")]),
+        # a system prompt (the first user turn's prefix)
+        images_in_three_turns([f("rgba"), f("gray"), f("pas4")], system_turn="Look:"),
+        same_image_twice([f("tiny1"), f("ratio205"), f("tiny1")]),  # and the 1x1 beside the 205:1
     ]
     return one + many
 
 
-def _write_json(path: Path, payload: dict) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
-
-
-def _spec(tmp_path: Path, media_dir: Path, records: list[dict]):
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
-    config = tmp_path / "dataset_info.json"
-    _write_json(config, {"g3": {"file_name": str(data), "formatting": "sharegpt", "media_dir": str(media_dir)}})
-    return config, load_dataset_config(config)[0]
-
-
-def _hf_ids(bundle: ProcessorBundle, messages: list[dict[str, Any]], paths: list[str]) -> list[int]:
-    """The processor's own template + image loading (from paths, EXIF applied) + expansion."""
-    images = iter(paths)
-    conversation = [
-        {
-            "role": m["role"],
-            "content": [{"type": "image", "path": next(images)} if c["type"] == "image" else c for c in m["content"]]
-            if isinstance(m["content"], list)
-            else m["content"],
-        }
-        for m in messages
-    ]
-    assert bundle.processor is not None
-    out: Any = bundle.processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
-    return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
-
-
-def _shown_size(im: Image.Image) -> tuple[int, int]:
-    orientation = im.getexif().get(0x0112, 1)
-    return (im.height, im.width) if orientation in (5, 6, 7, 8) else im.size
-
-
 @pytest.mark.parametrize("mode", MODES)
-def test_sample_tokenizer_equals_the_processor(bundles, media_dir, tmp_path, mode):
+def test_sample_tokenizer_equals_the_processor(bundles, media, tmp_path, mode):
     bundle = bundles[mode]
     tokenizer = SampleTokenizer(bundle)
     boi, eoi, soft = _ids(bundle, BOI, EOI, IMAGE_SOFT)
-    records = _records(media_dir)
-    _, spec = _spec(tmp_path, media_dir, records)
+    records = _records(media)
+    _, spec = sharegpt_dataset(tmp_path, media.root, records)
     tiles = []
     for record in records:
-        conv = to_conversation(record, spec)
-        sample = tokenizer.tokenize(conv, VideoSampling())
-        expected = _hf_ids(bundle, conv.messages, [item.ref.path for item in conv.media])
-        assert sample.input_ids == expected, record["images"]
+        sample = assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the replies and their <end_of_turn>\n (no {% generation %} in the template)
-        learned = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
-        replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-        assert bundle.tokenizer.decode(learned) == "".join(r + "<end_of_turn>\n" for r in replies)
-        assert not any(m for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if t in (boi, eoi, soft))
+        assert_loss_mask(bundle, sample, "".join(r + "<end_of_turn>\n" for r in replies(record)), (boi, eoi, soft))
         assert sample.input_ids.count(soft) == sum(c.num_tokens for _, c in sample.media)
         assert sample.input_ids.count(boi) == sum(c.num_tiles for _, c in sample.media)
-        for (_, count), item in zip(sample.media, conv.media, strict=True):
-            with Image.open(item.ref.path) as im:
-                assert (count.width, count.height) == _shown_size(im)
-            tiles.append(count.num_tiles)
+        tiles.extend(count.num_tiles for _, count in sample.media)
     if mode == "pan_and_scan_off":
         assert set(tiles) == {1}
     else:  # the set exercises 0, 2, 3 and 4 crops
@@ -246,44 +164,19 @@ def test_sample_tokenizer_equals_the_processor(bundles, media_dir, tmp_path, mod
 
 
 def test_video_is_an_unsupported_media_error(bundles):
-    counter = find_counter("Gemma3Processor")(bundles["pan_and_scan_off"])
-    with pytest.raises(SampleError) as err:
-        counter.count_video(VideoMeta(num_frames=8, fps=4.0, width=64, height=48), VideoSampling())
-    assert err.value.reason == Reason.UNSUPPORTED_MEDIA and "no video" in str(err.value)
+    err = assert_video_unsupported(find_counter("Gemma3Processor")(bundles["pan_and_scan_off"]))
+    assert "no video" in str(err)
 
 
-def _table(out: Path, table: str) -> pa.Table:
-    return pa.concat_tables([open_part(p) for p in list_parts(out, table)])
-
-
-def test_stage_stores_the_processor_ids_and_error_rows(gemma_dir, bundles, media_dir, tmp_path):
+def test_stage_stores_the_processor_ids_and_error_rows(gemma_dir, bundles, media, tmp_path):
     """``prep tokenize`` on a small dataset, every sample verified by the stage against the processor too."""
-    video = {
-        "messages": [{"role": "user", "content": "<video>x"}, {"role": "assistant", "content": "y"}],
-        "videos": ["clip.mp4"],
-    }
-    records = _records(media_dir)[-3:] + [video]
-    config, spec = _spec(tmp_path, media_dir, records)
-    out = tmp_path / "out"
-    manifest = run_tokenize(
-        TokenizeConfig(
-            dataset_config=str(config),
-            processor=str(gemma_dir),
-            output_dir=str(out),
-            verify_fraction=1.0,
-            max_error_rate=1.0,
-            executor=LOCAL,
-        )
-    )
-    errors = _table(out, ERRORS_DIR).to_pylist()
-    assert [e["reason"] for e in errors] == ["unsupported_media"]
-    rows = _table(out, SAMPLES_DIR).to_pylist()
-    assert len(rows) == len(records) - 1 and manifest.verify.checked == len(rows)
-    assert manifest.processor.image_attention == "bidirectional"  # train refuses causal packing of it
-    bundle = bundles["pan_and_scan_off"]
-    for row in rows:
-        conv = to_conversation(records[row["line"]], spec)
-        assert row["input_ids"] == _hf_ids(bundle, conv.messages, [i.ref.path for i in conv.media])
+    records = _records(media)[-3:] + [exchange("<video>x", "y", videos=[VIDEO])]
+    run = run_stage(tmp_path, gemma_dir, media.root, records)
+    assert [e["reason"] for e in run.errors] == ["unsupported_media"]
+    assert len(run.rows) == len(records) - 1 and run.manifest.verify.checked == len(run.rows)
+    assert run.manifest.processor.image_attention == "bidirectional"  # train refuses causal packing of it
+    for row, conv in run.conversations(records):
+        assert row["input_ids"] == conversation_ids(bundles["pan_and_scan_off"], conv)
         assert [(m["num_tiles"], m["num_tokens"]) for m in row["media"]] == [(1, 256)] * len(conv.media)
 
 
@@ -291,7 +184,7 @@ def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..4000, plus the rule's edges: ratios near 1.2 and n + 0.5, sides near k x 256."""
     sizes = []
     for _ in range(n):
-        w, h = (max(1, int(math.exp(rng.uniform(0, math.log(4000))))) for _ in range(2))
+        w, h = log_uniform_pair(rng, 4000)
         pick = rng.random()
         if pick < 0.15:  # aspect ratio at / around the activation threshold
             h = rng.randint(1, 2000)
@@ -302,7 +195,7 @@ def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
         elif pick < 0.45:  # long side near a multiple of the minimum crop
             w = 256 * rng.randint(1, 6) + rng.choice([-1, 0, 1])
             h = rng.randint(200, 600)
-        sizes.append((w, h) if rng.random() < 0.5 else (h, w))
+        sizes.append(maybe_swapped(rng, w, h))
     return sizes
 
 
