@@ -19,9 +19,10 @@ and kills the rest when it reads EOF. This is the same idea, limited to the proc
     start time) and its descendants, then exits.
 
 The tree must be recorded while the raylet lives: once it dies its children are
-reparented, and they cannot be told by name or environment (``setproctitle`` overwrites
-both). Workers started less than 0.5 s before the end are not recorded; they exit by
-themselves within ~2 s of the raylet (measured), unlike the agents.
+reparented, and nothing left on them names this session (``setproctitle`` overwrites
+their command line and environment). Workers started less than 0.5 s before the end are
+not recorded; they exit by themselves within ~2 s of the raylet (measured), unlike the
+agents.
 
 Run as ``python -m prep.ray_reaper PID:START...`` (START: /proc start time in clock ticks) with
 stdin a pipe the driver holds open.
