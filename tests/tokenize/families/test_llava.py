@@ -17,14 +17,11 @@ image list, as packvlm calls it. The two differ for OneVision samples with sever
 
 from __future__ import annotations
 
-import json
-import math
 import random
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from PIL import Image
 from transformers.image_processing_utils import select_best_resolution
@@ -32,40 +29,39 @@ from transformers.image_utils import load_image
 from transformers.video_utils import VideoMetadata, default_sample_indices_fn
 
 from prep.example.families.llava import build_next_dir, build_onevision_dir
-from prep.example.media import make_image_bytes, write_video
-from prep.run import LOCAL
-from prep.sources.conversation import Conversation, MediaItem
-from prep.sources.formats.sharegpt import to_conversation
+from prep.sources.conversation import Conversation
 from prep.sources.media import VideoMeta
 from prep.tokenize.core import SampleTokenizer, splice_media
-from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import MediaRejected, find_counter
 from prep.tokenize.families.llava import LlavaCounter
 from prep.tokenize.processor import ProcessorBundle, load_processor
-from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from prep.tokenize.template import render_with_spans, tokenize_rendered
-from schemas.dataset_config import VideoSampling, load_dataset_config
-from schemas.layout import ERRORS_DIR, SAMPLES_DIR
-from schemas.media_ref import MediaRef
-from schemas.reasons import Reason
-from schemas.tokenized import list_parts, open_part
+from schemas.dataset_config import VideoSampling
+from tests.tokenize.families.cases import (
+    STANDARD_IMAGES,
+    MediaFiles,
+    assert_video_unsupported,
+    chat_template_output,
+    conversation,
+    exchange,
+    flat_processor_ids,
+    ignored_ids,
+    learned_ids,
+    log_uniform_pair,
+    run_stage,
+    video_conversation,
+    write_images,
+)
 
 CHECKPOINTS = {"llava_onevision": build_onevision_dir, "llava_next": build_next_dir}
-# name -> (width, height, mode, format, EXIF orientation)
 IMAGES = {
-    "tiny1": (1, 1, "RGB", "PNG", None),
-    "tiny10": (10, 10, "RGB", "JPEG", None),
-    "wide": (3000, 16, "RGB", "PNG", None),
-    "tall": (16, 3000, "RGB", "PNG", None),
-    "ratio205": (4100, 20, "RGB", "PNG", None),  # > 200:1
-    "odd": (333, 517, "RGB", "JPEG", None),
+    **STANDARD_IMAGES,
     "odd2": (1023, 767, "RGB", "JPEG", None),
-    "h1": (1000, 1, "RGB", "PNG", None),
-    "h3": (40, 3, "RGB", "PNG", None),  # 3 rows: looks like a channel axis to naive code
     "exif6": (900, 200, "RGB", "JPEG", 6),  # stored 900x200, shown 200x900
-    "exif8": (1300, 200, "RGB", "JPEG", 8),
     "rgba": (500, 300, "RGBA", "PNG", None),
     "gray": (700, 350, "L", "PNG", None),
+    "h1": (1000, 1, "RGB", "PNG", None),
+    "h3": (40, 3, "RGB", "PNG", None),  # 3 rows: looks like a channel axis to naive code
 }
 
 
@@ -81,59 +77,13 @@ def bundles(dirs: dict[str, Path]) -> dict[str, ProcessorBundle]:
 
 
 @pytest.fixture(scope="module")
-def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("llava_media")
-    for name, (width, height, mode, fmt, orientation) in IMAGES.items():
-        suffix = "jpg" if fmt == "JPEG" else "png"
-        (root / f"{name}.{suffix}").write_bytes(make_image_bytes(width, height, mode, fmt, orientation, seed=width))
-    Image.new("RGB", (8000, 6000), (30, 120, 200)).save(root / "huge.jpg", quality=50)
-    write_video(root / "clip.mp4", 8, 4.0, 64, 48)
-    return root
-
-
-def _path(media_dir: Path, name: str) -> Path:
-    return next(p for p in media_dir.iterdir() if p.stem == name)
-
-
-def _conv(turns: list[tuple[str, list[str | Path]]]) -> Conversation:
-    """Turns of (role, parts): a Path is an image, a str is text; content is always a list
-    (the checkpoints' templates iterate over content items)."""
-    messages: list[dict[str, Any]] = []
-    media: list[MediaItem] = []
-    for role, parts in turns:
-        content: list[dict[str, str]] = []
-        for part in parts:
-            if isinstance(part, Path):
-                content.append({"type": "image"})
-                media.append(MediaItem(kind="image", ref=MediaRef(path=str(part))))
-            else:
-                content.append({"type": "text", "text": part})
-        messages.append({"role": role, "content": content})
-    return Conversation(messages=messages, media=media)
-
-
-def _with_paths(conv: Conversation) -> list[dict[str, Any]]:
-    paths = iter(item.ref.path for item in conv.media)
-    return [
-        {**m, "content": [{"type": "image", "path": next(paths)} if c["type"] == "image" else c for c in m["content"]]}
-        for m in conv.messages
-    ]
+def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
+    return write_images(tmp_path_factory.mktemp("llava_media"), IMAGES, video=True)
 
 
 def _hf_nested(bundle: ProcessorBundle, conv: Conversation, **kwargs: Any) -> dict[str, Any]:
     """``apply_chat_template(tokenize=True)``: HF loads the paths; a conversation's images are one batch entry."""
-    assert bundle.processor is not None
-    out: Any = bundle.processor.apply_chat_template(_with_paths(conv), tokenize=True, return_dict=True, **kwargs)
-    return {k: np.asarray(v[0]).tolist() if k != "pixel_values" else v for k, v in out.items()}
-
-
-def _hf_flat(bundle: ProcessorBundle, conv: Conversation) -> list[int]:
-    """``processor(text=[text], images=[...])`` with a flat image list, as packvlm calls it."""
-    processor = bundle.processor
-    assert processor is not None
-    text = processor.apply_chat_template(conv.messages, tokenize=False)
-    images = [load_image(item.ref.path) for item in conv.media] or None
-    return [int(t) for t in np.asarray(processor(text=[text], images=images)["input_ids"][0]).tolist()]
+    return chat_template_output(bundle, conv.messages, [item.ref.path for item in conv.media], **kwargs)
 
 
 def test_load_builds_the_real_processors_and_reads_their_settings(bundles):
@@ -157,14 +107,14 @@ def test_load_builds_the_real_processors_and_reads_their_settings(bundles):
 
 @pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
 @pytest.mark.parametrize("name", [*IMAGES, "huge"])
-def test_single_image_equals_the_processor(bundles, media_dir, checkpoint, name):
+def test_single_image_equals_the_processor(bundles, media, checkpoint, name):
     bundle = bundles[checkpoint]
-    conv = _conv([("user", [_path(media_dir, name), "Describe it."]), ("assistant", ["A picture."])])
+    conv = conversation([("user", [media[name], "Describe it."]), ("assistant", ["A picture."])])
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
     hf = _hf_nested(bundle, conv)
     assert sample.input_ids == hf["input_ids"]
     if name != "huge":  # one image: the flat call is the same call (decoding 48 MP twice costs ~10 s)
-        assert sample.input_ids == _hf_flat(bundle, conv)
+        assert sample.input_ids == flat_processor_ids(bundle, conv)
     (_, count), tiles = sample.media[0], len(hf["pixel_values"][0])
     assert count.num_tiles == tiles  # pixel_values' patch dimension (one image: no batch padding)
     assert [count.height, count.width] == hf["image_sizes"]  # EXIF-transposed size, as HF loads it
@@ -181,33 +131,31 @@ MULTI = [
 ]
 
 
-def _multi(media_dir: Path, system: bool = True) -> Conversation:
+def _multi(media: MediaFiles, system: bool = True) -> Conversation:
     turns = [
-        (role, [_path(media_dir, p) if p in IMAGES else p for p in parts])
-        for role, parts in MULTI
-        if system or role != "system"
+        (role, [media[p] if p in IMAGES else p for p in parts]) for role, parts in MULTI if system or role != "system"
     ]
-    return _conv(turns)
+    return conversation(turns)
 
 
-def test_onevision_many_images_equal_the_flat_processor_call_and_its_mask(bundles, media_dir):
+def test_onevision_many_images_equal_the_flat_processor_call_and_its_mask(bundles, media):
     bundle = bundles["llava_onevision"]
-    conv = _multi(media_dir)
+    conv = _multi(media)
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == _hf_flat(bundle, conv)
+    assert sample.input_ids == flat_processor_ids(bundle, conv)
     assert [c.num_tiles > 1 for _, c in sample.media] == [True] * 5  # flat: every image tiled
     # mask: HF's {% generation %} spans (reply text) plus each reply's <|im_end|>\n, nothing else
     tok = bundle.tokenizer
-    learned = tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
+    learned = tok.decode(learned_ids(sample))
     assert learned == "First answer.<|im_end|>\nSecond answer.<|im_end|>\nThird.<|im_end|>\n"
 
 
-def test_onevision_mask_contains_the_hf_generation_mask(bundles, media_dir):
+def test_onevision_mask_contains_the_hf_generation_mask(bundles, media):
     """One image in all (nested == flat): HF's assistant mask = ours minus each <|im_end|>, \\n."""
     bundle = bundles["llava_onevision"]
-    conv = _conv(
+    conv = conversation(
         [
-            ("user", [_path(media_dir, "odd"), "What is it?"]),
+            ("user", [media["odd"], "What is it?"]),
             ("assistant", ["A cat."]),
             ("user", ["And now?"]),
             ("assistant", ["Still", " a cat."]),
@@ -224,11 +172,11 @@ def test_onevision_mask_contains_the_hf_generation_mask(bundles, media_dir):
     assert extra == [end, newline, end, newline]
 
 
-def test_onevision_nested_images_follow_the_multi_image_rule(bundles, media_dir):
+def test_onevision_nested_images_follow_the_multi_image_rule(bundles, media):
     """apply_chat_template nests a conversation's images: each is one 384 tile, 729 + 1 tokens."""
     bundle = bundles["llava_onevision"]
     counter = LlavaCounter.from_processor(bundle)
-    conv = _multi(media_dir)
+    conv = _multi(media)
     counts = []
     for item in conv.media:
         with Image.open(item.ref.path) as im:
@@ -242,27 +190,24 @@ def test_onevision_nested_images_follow_the_multi_image_rule(bundles, media_dir)
     assert ids != SampleTokenizer(bundle).tokenize(conv, VideoSampling()).input_ids  # the flat call differs
 
 
-def test_next_many_images_and_turns_equal_the_processor(bundles, media_dir):
+def test_next_many_images_and_turns_equal_the_processor(bundles, media):
     bundle = bundles["llava_next"]
-    conv = _multi(media_dir, system=False)  # the template reads a system turn's content[0]['text'] only
+    conv = _multi(media, system=False)  # the template reads a system turn's content[0]['text'] only
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == _hf_nested(bundle, conv)["input_ids"] == _hf_flat(bundle, conv)
+    assert sample.input_ids == _hf_nested(bundle, conv)["input_ids"] == flat_processor_ids(bundle, conv)
     image_id = bundle.tokenizer.convert_tokens_to_ids("<image>")
-    ignored = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if not m]
+    ignored = ignored_ids(sample)
     assert ignored.count(image_id) == sum(c.num_tokens for _, c in sample.media)
     # mask: the replies as rendered, ' ' + content[0]['text'] + '</s> ' (the template renders only the
     # first text item: "Second", as HF does); SentencePiece folds each reply's trailing space into
     # the next turn's '▁[INST]', which the overlap rule therefore masks 1 too.
     tok = bundle.tokenizer
-    learned = tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
+    learned = tok.decode(learned_ids(sample))
     assert learned == "First answer.</s> [INST] Second</s> [INST] Third.</s> "
 
 
 def test_next_takes_no_video(bundles):
-    counter = find_counter("LlavaNextProcessor")(bundles["llava_next"])
-    with pytest.raises(SampleError) as err:
-        counter.count_video(VideoMeta(num_frames=8, fps=4.0, width=64, height=48), VideoSampling())
-    assert err.value.reason == Reason.UNSUPPORTED_MEDIA
+    assert_video_unsupported(find_counter("LlavaNextProcessor")(bundles["llava_next"]))
 
 
 @pytest.mark.parametrize(
@@ -291,15 +236,9 @@ def test_onevision_video_oversampling_is_rejected_like_the_processor(bundles):
         counter.count_video(VideoMeta(num_frames=8, fps=4.0, width=64, height=48), VideoSampling(fps=10.0))
 
 
-def test_onevision_video_sample_is_counted_in_closed_form(bundles, media_dir):
+def test_onevision_video_sample_is_counted_in_closed_form(bundles, media):
     bundle = bundles["llava_onevision"]
-    conv = Conversation(
-        messages=[
-            {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": "Nothing."}]},
-        ],
-        media=[MediaItem(kind="video", ref=MediaRef(path=str(media_dir / "clip.mp4")))],
-    )
+    conv = video_conversation(media["clip"], reply="Nothing.")
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling(fps=2.0))
     (_, count) = sample.media[0]
     assert count.frame_indices == (0, 2, 4, 6) and count.num_tokens == 4 * 196 + 1
@@ -311,7 +250,7 @@ def _property_sizes(rng: random.Random, n: int, top: int) -> list[tuple[int, int
     """Log-uniform sides 1..top, a fifth of them on or next to a pinpoint side."""
     sizes = []
     for _ in range(n):
-        w, h = (max(1, int(math.exp(rng.uniform(0, math.log(top))))) for _ in range(2))
+        w, h = log_uniform_pair(rng, top)
         if rng.random() < 0.2:
             w = rng.choice([336, 337, 672, 1008, 384, 385, 768, 1152, 2304, 2305]) + rng.choice([-1, 0, 1])
         sizes.append((w, h))
@@ -342,48 +281,15 @@ def test_property_tiles_and_tokens_equal_the_image_processor(bundles, checkpoint
         assert [int(x) for x in out["image_sizes"][0]] == [height, width]
 
 
-def _table(out: Path, table: str) -> pa.Table:
-    return pa.concat_tables([open_part(p) for p in list_parts(out, table)])
-
-
-def test_stage_stores_the_processor_ids(dirs, bundles, media_dir, tmp_path):
+def test_stage_stores_the_processor_ids(dirs, bundles, media, tmp_path):
     """``prep tokenize`` (LOCAL) on a small ShareGPT dataset, every sample verified by the stage too."""
-    names = [p.name for p in sorted(media_dir.iterdir()) if p.suffix != ".mp4" and p.stem != "huge"]
-    records = [
-        {"messages": [{"role": "user", "content": f"<image>Describe {n}."}, {"role": "assistant", "content": "ok"}]}
-        | {"images": [n]}
-        for n in names[:6]
-    ]
-    records.append(
-        {
-            "messages": [
-                {"role": "user", "content": "abc<image><image>def"},
-                {"role": "assistant", "content": "Two."},
-            ],
-            "images": [names[0], names[1]],
-        }
-    )
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
-    config = tmp_path / "dataset_info.json"
-    config.write_text(
-        json.dumps({"lv": {"file_name": str(data), "formatting": "sharegpt", "media_dir": str(media_dir)}})
-    )
-    spec = load_dataset_config(config)[0]
-    out = tmp_path / "out"
-    manifest = run_tokenize(
-        TokenizeConfig(
-            dataset_config=str(config),
-            processor=str(dirs["llava_onevision"]),
-            output_dir=str(out),
-            verify_fraction=1.0,
-            max_error_rate=1.0,
-            executor=LOCAL,
-        )
-    )
-    assert not list_parts(out, ERRORS_DIR) or _table(out, ERRORS_DIR).num_rows == 0
-    rows = _table(out, SAMPLES_DIR).to_pylist()
-    assert len(rows) == len(records) and manifest.verify.checked == len(rows)
-    bundle = bundles["llava_onevision"]
-    for row in rows:
-        assert row["input_ids"] == _hf_flat(bundle, to_conversation(records[row["line"]], spec))
+    names = sorted(path.name for name, path in media.paths.items() if name not in ("huge", "clip"))
+    records = [exchange(f"<image>Describe {n}.", "ok", images=[n]) for n in names[:6]]
+    records.append(exchange("abc<image><image>def", "Two.", images=[names[0], names[1]]))
+    run = run_stage(tmp_path, dirs["llava_onevision"], media.root, records)
+    assert run.errors == []
+    assert len(run.rows) == len(records) and run.manifest.verify.checked == len(run.rows)
+    tok = SampleTokenizer(bundles["llava_onevision"])
+    assert tok.content_lists  # the template drops string replies: they go in as content lists
+    for row, conv in run.conversations(records):
+        assert row["input_ids"] == flat_processor_ids(bundles["llava_onevision"], tok.for_template(conv))
