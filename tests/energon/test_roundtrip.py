@@ -22,7 +22,7 @@ from packvlm.energon import PACK_COOKER, PackDecodeError, PackedSample, PackedTa
 from prep.cli import main
 from prep.energon.blend import parse_blend, write_blend
 from prep.energon.index import EnergonIndexError, index_dataset, verify_dataset
-from schemas.packed import PackedOutput, read_packed_output
+from schemas.packed import PACKED_SCHEMA_VERSION, PackedOutput, read_packed_output
 from tests.shards.oracles import check_pack_against_tokenized, pack, read_packed, tokenized_dir, tokenized_rows
 
 
@@ -91,7 +91,11 @@ def test_index_writes_energons_files(dataset):
     assert all(Path(f"{path}.idx").is_file() for path in packed.shard_paths)
     definition = yaml.safe_load((meta / "dataset.yaml").read_text())
     assert definition["__class__"] == "CrudeWebdataset" and definition["__module__"] == "megatron.energon"
-    assert definition["subflavors"] == {"format": "packvlm.packed", "format_version": 1, "pack_size": 1024}
+    assert definition["subflavors"] == {
+        "format": "packvlm.packed",
+        "format_version": PACKED_SCHEMA_VERSION,
+        "pack_size": 1024,
+    }
     assert verify_dataset(out) == {"train": packed.manifest.packs.packs}
     assert not list(meta.glob(".tmp-*"))
 

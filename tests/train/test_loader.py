@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from schemas.manifest import PackManifest
+from schemas.packed import PACKED_SCHEMA_VERSION
 from train.batch import PackedBatch, concat_batches
 from train.dataset import TrainConfigError, open_packed_dataset
 from train.loader import LoaderConfig, loader_state, make_loader, restore_loader
@@ -159,9 +160,9 @@ def test_shards_written_from_another_plan(copy):
 def test_wrong_format_version(copy):
     path = copy / ".nv-meta" / "dataset.yaml"
     definition = yaml.safe_load(path.read_text())
-    definition["subflavors"]["format_version"] = 2
+    definition["subflavors"]["format_version"] = PACKED_SCHEMA_VERSION + 1
     path.write_text(yaml.dump(definition))
-    with pytest.raises(TrainConfigError, match="format version 2.*re-run `prep pack`"):
+    with pytest.raises(TrainConfigError, match=f"format version {PACKED_SCHEMA_VERSION + 1}.*re-run `prep pack`"):
         open_packed_dataset(copy)
     definition["subflavors"]["format"] = "something.else"
     path.write_text(yaml.dump(definition))
