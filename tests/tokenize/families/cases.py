@@ -241,6 +241,18 @@ def with_image_paths(messages: Sequence[Any], paths: Iterable[str]) -> list[dict
     ]
 
 
+def _apply_chat_template(
+    bundle: ProcessorBundle,
+    messages: Sequence[Any],
+    paths: Iterable[str],
+    apply: Callable[..., Any] | None,
+    **kwargs: Any,
+) -> Any:
+    assert bundle.processor is not None
+    call = apply or type(bundle.processor).apply_chat_template
+    return call(bundle.processor, with_image_paths(messages, paths), tokenize=True, return_dict=True, **kwargs)
+
+
 def chat_template_output(
     bundle: ProcessorBundle,
     messages: Sequence[Any],
@@ -251,15 +263,21 @@ def chat_template_output(
 ) -> dict[str, Any]:
     """``apply_chat_template(tokenize=True, return_dict=True)`` on image paths, first batch row as lists
     (``pixel_values`` left as is); ``apply`` replaces the processor's own method (e.g. the base class's)."""
-    assert bundle.processor is not None
-    call = apply or type(bundle.processor).apply_chat_template
-    out: Any = call(bundle.processor, with_image_paths(messages, paths), tokenize=True, return_dict=True, **kwargs)
+    out = _apply_chat_template(bundle, messages, paths, apply, **kwargs)
     return {k: np.asarray(v[0]).tolist() if k != "pixel_values" else v for k, v in out.items()}
 
 
-def processor_ids(bundle: ProcessorBundle, messages: Sequence[Any], paths: Iterable[str], **kwargs: Any) -> list[int]:
+def processor_ids(
+    bundle: ProcessorBundle,
+    messages: Sequence[Any],
+    paths: Iterable[str],
+    *,
+    apply: Callable[..., Any] | None = None,
+    **kwargs: Any,
+) -> list[int]:
     """The processor's own template + image loading (from paths, EXIF applied) + expansion."""
-    return [int(t) for t in chat_template_output(bundle, messages, paths, **kwargs)["input_ids"]]
+    out = _apply_chat_template(bundle, messages, paths, apply, **kwargs)
+    return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
 
 
 def conversation_ids(bundle: ProcessorBundle, conv: Conversation, **kwargs: Any) -> list[int]:

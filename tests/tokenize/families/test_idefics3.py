@@ -17,14 +17,12 @@ video processor (absent without torchvision), so the base ``ProcessorMixin`` one
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import transformers.models.smolvlm.processing_smolvlm as smolvlm_processing
 from PIL import Image
@@ -32,19 +30,25 @@ from transformers import ProcessorMixin
 
 from prep.example.families.base import example_family
 from prep.example.families.idefics3 import build_idefics3_dir
-from prep.run import LOCAL
-from prep.sources.conversation import Conversation, MediaItem
+from prep.sources.conversation import Conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.idefics3 import Idefics3Counter
 from prep.tokenize.processor import ProcessorBundle, load_processor
-from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from schemas.dataset_config import VideoSampling
-from schemas.layout import ERRORS_DIR, SAMPLES_DIR
-from schemas.media_ref import MediaRef
-from schemas.reasons import Reason
-from schemas.tokenized import list_parts, open_part
+from tests.tokenize.families.cases import (
+    MediaFiles,
+    assert_video_needs_real_processor,
+    conversation,
+    conversation_ids,
+    edit_json,
+    ignored_ids,
+    learned_ids,
+    processor_ids,
+    run_stage,
+    video_conversation,
+    write_noise_images,
+)
 
 CHECKPOINTS = ("idefics3", "smolvlm", "smolvlm2")
 
@@ -55,18 +59,14 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {name: build_idefics3_dir(root / name, name) for name in CHECKPOINTS}
     # a grid past the vocabulary's <row_6_col_6>: rows 7, 8 are written as text and BPE-tokenized
     out["big_grid"] = build_idefics3_dir(root / "big_grid", "smolvlm")
-    _edit_json(
+    edit_json(
         out["big_grid"] / "preprocessor_config.json", size={"longest_edge": 1024}, max_image_size={"longest_edge": 128}
     )
     out["no_split"] = build_idefics3_dir(root / "no_split", "smolvlm2")
-    _edit_json(out["no_split"] / "preprocessor_config.json", do_image_splitting=False)
+    edit_json(out["no_split"] / "preprocessor_config.json", do_image_splitting=False)
     out["no_resize"] = build_idefics3_dir(root / "no_resize", "idefics3")
-    _edit_json(out["no_resize"] / "preprocessor_config.json", do_resize=False)
+    edit_json(out["no_resize"] / "preprocessor_config.json", do_resize=False)
     return out
-
-
-def _edit_json(path: Path, **changes: Any) -> None:
-    path.write_text(json.dumps({**json.loads(path.read_text("utf-8")), **changes}), "utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +81,8 @@ def bundles(dirs: dict[str, Path]) -> dict[str, ProcessorBundle]:
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("idefics3_images")
-    rng = np.random.default_rng(0)
-
-    def noise(width: int, height: int, mode: str = "RGB") -> Image.Image:
-        channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
-        data = rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
-        return Image.fromarray(data.squeeze(-1) if channels == 1 else data, mode)
-
-    out: dict[str, Path] = {}
-    for name, (w, h) in {
+def images(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
+    sizes = {
         "tiny1": (1, 1),
         "tiny10": (10, 10),
         "wide": (3000, 16),
@@ -101,46 +92,13 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "odd2": (1023, 767),
         "one_px_past": (365, 729),  # sides one pixel past tile multiples
         "small": (300, 200),  # one tile without resizing
-    }.items():
-        out[name] = root / f"{name}.png"
-        noise(w, h).save(out[name])
-    out["huge"] = root / "huge.jpg"
-    Image.new("RGB", (8000, 6000), (10, 200, 30)).save(out["huge"], quality=50)
-    out["exif"] = root / "exif.jpg"  # stored 900x200, orientation 6: shown 200x900
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    noise(900, 200).save(out["exif"], exif=exif.tobytes())
-    out["rgba"] = root / "rgba.png"
-    noise(500, 300, "RGBA").save(out["rgba"])
-    out["gray"] = root / "gray.png"
-    noise(700, 350, "L").save(out["gray"])
-    return out
+    }
+    return write_noise_images(tmp_path_factory.mktemp("idefics3_images"), sizes)
 
 
-def _conv(turns: list[tuple[str, list[str | Path]]]) -> tuple[Conversation, list[dict[str, Any]]]:
-    """Turns of (role, parts): a Path part is an image. Returns ours and the processor's messages."""
-    messages: list[dict[str, Any]] = []
-    hf: list[dict[str, Any]] = []
-    media: list[MediaItem] = []
-    for role, parts in turns:
-        content: list[dict[str, str]] = []
-        hf_content: list[dict[str, str]] = []
-        for part in parts:
-            if isinstance(part, Path):
-                content.append({"type": "image"})
-                hf_content.append({"type": "image", "path": str(part)})
-                media.append(MediaItem(kind="image", ref=MediaRef(path=str(part))))
-            else:
-                content.append({"type": "text", "text": part})
-                hf_content.append({"type": "text", "text": part})
-        messages.append({"role": role, "content": content})
-        hf.append({"role": role, "content": hf_content})
-    return Conversation(messages=messages, media=media), hf
-
-
-def _processor_ids(bundle: ProcessorBundle, hf_messages: list[dict[str, Any]]) -> list[int]:
-    out = ProcessorMixin.apply_chat_template(bundle.processor, hf_messages, tokenize=True, return_dict=True)
-    return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
+def _processor_ids(bundle: ProcessorBundle, conv: Conversation) -> list[int]:
+    """The base ``ProcessorMixin.apply_chat_template`` (SmolVLM's override reads the video processor)."""
+    return conversation_ids(bundle, conv, apply=ProcessorMixin.apply_chat_template)
 
 
 SINGLE = ["tiny1", "tiny10", "wide", "tall", "extreme", "odd", "odd2", "one_px_past", "huge", "exif", "rgba", "gray"]
@@ -152,9 +110,9 @@ SINGLE = ["tiny1", "tiny10", "wide", "tall", "extreme", "odd", "odd2", "one_px_p
 )
 def test_single_image_equals_processor(bundles, images, checkpoint, name):
     bundle = bundles[checkpoint]
-    conv, hf = _conv([("user", [images[name], "Describe it."]), ("assistant", ["A picture."])])
+    conv = conversation([("user", [images[name], "Describe it."]), ("assistant", ["A picture."])])
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == _processor_ids(bundle, hf)
+    assert sample.input_ids == _processor_ids(bundle, conv)
     (_, count), *_ = sample.media
     assert count.num_tiles == (count.grid_h * count.grid_w + 1 if count.grid_h else 1)
 
@@ -164,9 +122,9 @@ def test_single_image_equals_processor(bundles, images, checkpoint, name):
 def test_other_settings_equal_processor(bundles, images, checkpoint, name):
     """Rows past the vocabulary's row/col tokens, no splitting (single prompt), no resizing."""
     bundle = bundles[checkpoint]
-    conv, hf = _conv([("user", ["x", images[name], "y"]), ("assistant", ["z"])])
+    conv = conversation([("user", ["x", images[name], "y"]), ("assistant", ["z"])])
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == _processor_ids(bundle, hf)
+    assert sample.input_ids == _processor_ids(bundle, conv)
 
 
 def test_big_grid_writes_row_tags_past_the_vocabulary_as_text(bundles):
@@ -182,7 +140,7 @@ def test_big_grid_writes_row_tags_past_the_vocabulary_as_text(bundles):
 @pytest.mark.parametrize("checkpoint", CHECKPOINTS)
 def test_many_images_turns_touching_text_and_loss_mask(bundles, images, checkpoint):
     bundle = bundles[checkpoint]
-    conv, hf = _conv(
+    conv = conversation(
         [
             ("system", ["You are helpful."]),
             ("user", ["abc", images["odd"], images["wide"], "\n\nxyz", images["gray"], "end\n"]),
@@ -194,19 +152,19 @@ def test_many_images_turns_touching_text_and_loss_mask(bundles, images, checkpoi
         ]
     )
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == _processor_ids(bundle, hf)
+    assert sample.input_ids == _processor_ids(bundle, conv)
     assert [c.kind for _, c in sample.media] == ["image"] * 5
-    learned = bundle.tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
+    learned = bundle.tokenizer.decode(learned_ids(sample))
     assert learned == " First answer.<end_of_utterance>\n Second answer.<end_of_utterance>\n Third.<end_of_utterance>\n"
     image_id = bundle.tokenizer.convert_tokens_to_ids("<image>")
-    ignored = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if not m]
+    ignored = ignored_ids(sample)
     assert ignored.count(image_id) == sum(c.num_tokens for _, c in sample.media)
 
 
 def test_id_splice_equals_text_level_expansion(bundles, images):
     """The ids path equals expanding the text first (the processor's own order), item for item."""
     bundle = bundles["smolvlm"]
-    conv, _ = _conv([("user", ["a ", images["odd"], " \n", images["tall"], "\n\n"]), ("assistant", ["ok"])])
+    conv = conversation([("user", ["a ", images["odd"], " \n", images["tall"], "\n\n"]), ("assistant", ["ok"])])
     by_ids = SampleTokenizer(bundle)
     assert isinstance(by_ids.counter, Idefics3Counter) and not by_ids.counter.text_level
     by_text = SampleTokenizer(bundle)
@@ -216,16 +174,7 @@ def test_id_splice_equals_text_level_expansion(bundles, images):
 
 
 def test_video_sample_is_a_clear_error_row(bundles, tmp_path):
-    conv = Conversation(
-        messages=[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}],
-        media=[MediaItem(kind="video", ref=MediaRef(path=str(tmp_path / "clip.mp4")))],
-    )
-    bundle = bundles["smolvlm2"]
-    if getattr(bundle.processor, "video_processor", None) is not None:
-        pytest.skip("torchvision present: video runs the real processor")
-    with pytest.raises(SampleError) as info:
-        SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert info.value.reason == Reason.PROCESSOR_REJECTED
+    assert_video_needs_real_processor(bundles["smolvlm2"], video_conversation(tmp_path / "clip.mp4"))
 
 
 def _random_sizes(rng: random.Random, count: int) -> list[tuple[int, int]]:
@@ -254,10 +203,6 @@ def test_grid_equals_the_pil_image_processor_on_random_sizes(bundles, checkpoint
         assert count.num_tiles == len(out["pixel_values"][0]), (width, height)
 
 
-def _table(out: Path, table: str) -> pa.Table:
-    return pa.concat_tables([open_part(p) for p in list_parts(out, table)])
-
-
 def test_stage_stores_the_processor_ids(dirs, bundles, images, tmp_path, monkeypatch):
     """``prep tokenize`` (LOCAL) on a small ShareGPT dataset with content lists, all verified."""
     if smolvlm_processing.num2words is None:  # the stage loads the processor itself
@@ -279,37 +224,15 @@ def test_stage_stores_the_processor_ids(dirs, bundles, images, tmp_path, monkeyp
         {"messages": [turn("user", "<image>"), turn("assistant", "Dot.")], "images": [media["tiny1"]]},
         {"messages": [turn("user", "<video>"), turn("assistant", "Clip.")], "videos": [str(tmp_path / "c.mp4")]},
     ]
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
-    config = tmp_path / "dataset_info.json"
-    config.write_text(json.dumps({"smol": {"file_name": str(data), "formatting": "sharegpt"}}), "utf-8")
-    out = tmp_path / "out"
-    manifest = run_tokenize(
-        TokenizeConfig(
-            dataset_config=str(config),
-            processor=str(dirs["smolvlm2"]),
-            output_dir=str(out),
-            verify_fraction=1.0,
-            max_error_rate=1.0,
-            executor=LOCAL,
-        )
-    )
-    rows = _table(out, SAMPLES_DIR).to_pylist()
-    assert len(rows) == 3 and manifest.verify.checked == 3
-    errors = _table(out, ERRORS_DIR).to_pylist()
-    assert [e["reason"] for e in errors] in (["processor_rejected"], ["missing_media"])
-    bundle = bundles["smolvlm2"]
-    for row in rows:
+    run = run_stage(tmp_path, dirs["smolvlm2"], None, records)
+    assert len(run.rows) == 3 and run.manifest.verify.checked == 3
+    assert [e["reason"] for e in run.errors] in (["processor_rejected"], ["missing_media"])
+    for row in run.rows:
         record = records[row["line"]]
-        paths = iter(record["images"])
-        hf = [
-            {
-                "role": m["role"],
-                "content": [{**c, "path": next(paths)} if c["type"] == "image" else c for c in m["content"]],
-            }
-            for m in record["messages"]
-        ]
-        assert row["input_ids"] == _processor_ids(bundle, hf)
+        ids = processor_ids(
+            bundles["smolvlm2"], record["messages"], record["images"], apply=ProcessorMixin.apply_chat_template
+        )
+        assert row["input_ids"] == ids
 
 
 @pytest.mark.parametrize("name", ["idefics3", "smolvlm"])
