@@ -15,22 +15,27 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 from PIL import Image
-from transformers.image_utils import load_image
 
 from prep.example.families.internvl import build_internvl_dir
-from prep.sources.conversation import Conversation, MediaItem
+from prep.sources.conversation import Conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
 from prep.tokenize.families.internvl import InternVLCounter
 from prep.tokenize.processor import ProcessorBundle, load_processor
 from schemas.dataset_config import VideoSampling
-from schemas.media_ref import MediaRef
-from schemas.reasons import Reason
+from tests.tokenize.families.cases import (
+    MediaFiles,
+    assert_refuses_other_image_processor,
+    assert_video_needs_real_processor,
+    conversation,
+    flat_processor_ids,
+    ignored_ids,
+    learned_ids,
+    video_conversation,
+    write_noise_images,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,17 +44,8 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> ProcessorBundle:
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("internvl_images")
-    rng = np.random.default_rng(0)
-
-    def noise(width: int, height: int, mode: str = "RGB") -> Image.Image:
-        channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
-        data = rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
-        return Image.fromarray(data.squeeze(-1) if channels == 1 else data, mode)
-
-    out: dict[str, Path] = {}
-    for name, (w, h) in {
+def images(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
+    sizes = {
         "tiny1": (1, 1),
         "tiny10": (10, 10),
         "wide": (3000, 16),
@@ -58,48 +54,13 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "odd": (333, 517),
         "odd2": (1023, 767),
         "square_tie": (634, 634),  # 1x1 / 2x2 / 3x3 tie broken by area
-    }.items():
-        out[name] = root / f"{name}.png"
-        noise(w, h).save(out[name])
-    out["huge"] = root / "huge.jpg"
-    Image.new("RGB", (8000, 6000), (10, 200, 30)).save(out["huge"], quality=50)
-    out["exif"] = root / "exif.jpg"  # stored 900x200, orientation 6: shown 200x900
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    noise(900, 200).save(out["exif"], exif=exif.tobytes())
-    out["rgba"] = root / "rgba.png"
-    noise(500, 300, "RGBA").save(out["rgba"])
-    out["gray"] = root / "gray.png"
-    noise(700, 350, "L").save(out["gray"])
-    return out
+    }
+    return write_noise_images(tmp_path_factory.mktemp("internvl_images"), sizes)
 
 
 def _conv(turns: list[tuple[str, list[str | Path]]]) -> Conversation:
-    """Turns of (role, parts); a Path part is an image, a str part is text."""
-    messages: list[dict[str, Any]] = []
-    media: list[MediaItem] = []
-    for role, parts in turns:
-        if all(isinstance(p, str) for p in parts):
-            messages.append({"role": role, "content": "".join(str(p) for p in parts)})
-            continue
-        content: list[dict[str, str]] = []
-        for part in parts:
-            if isinstance(part, Path):
-                content.append({"type": "image"})
-                media.append(MediaItem(kind="image", ref=MediaRef(path=str(part))))
-            else:
-                content.append({"type": "text", "text": part})
-        messages.append({"role": role, "content": content})
-    return Conversation(messages=messages, media=media)
-
-
-def _processor_ids(bundle: ProcessorBundle, conv: Conversation) -> list[int]:
-    """The oracle: HF's template render + ``processor(text=..., images=...)`` on decoded images."""
-    processor = bundle.processor
-    assert processor is not None
-    text = processor.apply_chat_template(conv.messages, tokenize=False)
-    pixels = [load_image(item.ref.path) for item in conv.media] or None
-    return processor(text=[text], images=pixels)["input_ids"][0]
+    """Text-only turns as one string (the template takes both forms)."""
+    return conversation(turns, join_text_turns=True)
 
 
 SINGLE = ["tiny1", "tiny10", "wide", "tall", "extreme", "odd", "odd2", "square_tie", "huge", "exif", "rgba", "gray"]
@@ -109,7 +70,7 @@ SINGLE = ["tiny1", "tiny10", "wide", "tall", "extreme", "odd", "odd2", "square_t
 def test_single_image_equals_processor(bundle, images, name):
     conv = _conv([("user", [images[name], "Describe it."]), ("assistant", ["A picture."])])
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == _processor_ids(bundle, conv)
+    assert sample.input_ids == flat_processor_ids(bundle, conv)
 
 
 def test_crop_to_patches_comes_from_the_processor_class(bundle):
@@ -133,27 +94,19 @@ def test_many_images_turns_and_touching_text(bundle, images):
         ]
     )
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == _processor_ids(bundle, conv)
+    assert sample.input_ids == flat_processor_ids(bundle, conv)
     assert [c.kind for _, c in sample.media] == ["image"] * 5
     # loss mask: exactly the assistant replies, each with its <|im_end|>\n
-    learned = bundle.tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m])
+    learned = bundle.tokenizer.decode(learned_ids(sample))
     assert learned == "First answer.<|im_end|>\nSecond answer.<|im_end|>\nThird.<|im_end|>\n"
-    ignored = [t for t, m in zip(sample.input_ids, sample.loss_mask) if not m]
+    ignored = ignored_ids(sample)
     context_id = bundle.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
     assert ignored.count(context_id) == sample.num_media_tokens == sum(c.num_tokens for _, c in sample.media)
 
 
 def test_video_sample_is_exact_or_a_clear_error_row(bundle, tmp_path):
-    conv = Conversation(
-        messages=[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}],
-        media=[MediaItem(kind="video", ref=MediaRef(path=str(tmp_path / "clip.mp4")))],
-    )
-    if getattr(bundle.processor, "video_processor", None) is not None:
-        pytest.skip("torchvision present: video runs the real processor (covered by its own path)")
-    with pytest.raises(SampleError) as info:
-        SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert info.value.reason == Reason.PROCESSOR_REJECTED
-    assert "real processor" in str(info.value)
+    err = assert_video_needs_real_processor(bundle, video_conversation(tmp_path / "clip.mp4"))
+    assert "real processor" in str(err)
 
 
 def _random_sizes(count: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -182,11 +135,4 @@ def test_tile_count_matches_pil_image_processor_on_500_sizes(bundle):
 
 
 def test_other_image_processor_is_refused_not_guessed(bundle):
-    from dataclasses import replace
-
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    from prep.tokenize.processor import ProcessorLoadError
-
-    with pytest.raises(ProcessorLoadError, match="GotOcr2"):
-        InternVLCounter.from_processor(replace(bundle, image_processor=Qwen2VLImageProcessorPil()))
+    assert_refuses_other_image_processor(InternVLCounter, bundle, "GotOcr2")
