@@ -15,32 +15,38 @@ them itself; and its image processor's ``image_grid_thw`` for the property test.
 
 from __future__ import annotations
 
-import json
-import math
 import random
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pytest
-from PIL import Image
 from transformers.utils import is_torchvision_available
 
 from prep.example.families.qwen_omni import CHECKPOINTS, build_processor_dir
-from prep.example.media import make_image_bytes, write_video
-from prep.run import LOCAL
 from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
-from prep.tokenize.families.base import MediaRejected, find_counter
+from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.qwen_omni import QwenOmniCounter
 from prep.tokenize.processor import ProcessorBundle, load_processor
-from prep.tokenize.stage import TokenizeConfig, run_tokenize
-from schemas.dataset_config import VideoSampling, load_dataset_config
-from schemas.layout import ERRORS_DIR, SAMPLES_DIR
-from schemas.reasons import Reason
-from schemas.tokenized import list_parts, open_part
+from tests.tokenize.families.cases import (
+    STANDARD_IMAGES,
+    VIDEO,
+    MediaFiles,
+    assert_ids_equal_processor,
+    assert_loss_mask,
+    assert_qwen_grid_equals_image_processor,
+    assert_rejected_like_processor,
+    conversation_ids,
+    exchange,
+    images_in_three_turns,
+    log_uniform_pair,
+    maybe_swapped,
+    one_image_records,
+    replies,
+    run_stage,
+    sharegpt_dataset,
+    three_images_one_turn,
+    write_images,
+)
 
 FAMILIES = list(CHECKPOINTS)  # qwen2_5_omni, qwen3_omni_moe
 
@@ -73,206 +79,76 @@ def test_load_processor_builds_the_real_processor_on_cpu(omni_bundles):
         assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
 
 
-# name -> (width, height, mode, format, EXIF orientation)
-IMAGES = {
-    "tiny1": (1, 1, "RGB", "PNG", None),
-    "tiny10": (10, 10, "RGB", "JPEG", None),
-    "wide": (3000, 16, "RGB", "PNG", None),
-    "tall": (16, 3000, "RGB", "PNG", None),
-    "odd": (333, 517, "RGB", "JPEG", None),
-    "odd2": (1537, 29, "RGB", "JPEG", None),
-    "exif6": (96, 40, "RGB", "JPEG", 6),  # stored 96x40, shown 40x96
-    "exif8": (1300, 200, "RGB", "JPEG", 8),
-    "rgba": (200, 90, "RGBA", "PNG", None),
-    "gray": (70, 130, "L", "PNG", None),
-    "ratio200": (4000, 20, "RGB", "PNG", None),  # exactly 200:1: accepted
-    "ratio205": (4100, 20, "RGB", "PNG", None),  # > 200:1: smart_resize raises
-}
+IMAGES = {**STANDARD_IMAGES, "ratio200": (4000, 20, "RGB", "PNG", None)}  # exactly 200:1: accepted
+REJECTED = "ratio205"  # > 200:1: smart_resize raises
 
 
 @pytest.fixture(scope="module")
-def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("omni_media")
-    for name, (width, height, mode, fmt, orientation) in IMAGES.items():
-        suffix = "jpg" if fmt == "JPEG" else "png"
-        (root / f"{name}.{suffix}").write_bytes(make_image_bytes(width, height, mode, fmt, orientation, seed=width))
-    Image.new("RGB", (8000, 6000), (30, 120, 200)).save(root / "huge.jpg", quality=50)
-    write_video(root / "clip.mp4", 8, 4.0, 64, 48)
-    return root
+def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
+    return write_images(tmp_path_factory.mktemp("omni_media"), IMAGES, video=True)
 
 
-def _file(media_dir: Path, name: str) -> str:
-    return next(p.name for p in media_dir.iterdir() if p.stem == name)
-
-
-def _records(media_dir: Path) -> list[dict]:
+def _records(media: MediaFiles) -> list[dict]:
     """ShareGPT records: every accepted image alone, then the combinations the issue asks for."""
-    f = lambda name: _file(media_dir, name)  # noqa: E731
-    one: list[dict] = [
-        {
-            "messages": [
-                {"role": "user", "content": f"<image>Describe {name}."},
-                {"role": "assistant", "content": f"It is {name}."},
-            ],
-            "images": [f(name)],
-        }
-        for name in [*IMAGES, "huge"]
-        if name != "ratio205"
-    ]
-    many: list[dict] = [
-        {  # several images in one turn, text touching the tag on both sides
-            "messages": [
-                {"role": "user", "content": "abc<image><image>def<image>ghi"},
-                {"role": "assistant", "content": "Three images."},
-            ],
-            "images": [f("odd"), f("exif6"), f("exif8")],
-        },
-        {  # images in several turns, with a system prompt
-            "system": "You are Qwen, a virtual human.",
-            "messages": [
-                {"role": "user", "content": "<image>What is it?"},
-                {"role": "assistant", "content": "A cat."},
-                {"role": "user", "content": "And here?<image>"},
-                {"role": "assistant", "content": "A dog on a red table."},
-                {"role": "user", "content": "x<image>y"},
-                {"role": "assistant", "content": "The tree."},
-            ],
-            "images": [f("rgba"), f("gray"), f("tall")],
-        },
+    one = one_image_records(media, [n for n in [*IMAGES, "huge"] if n != REJECTED])
+    many = [
+        three_images_one_turn([media.file("odd"), media.file("exif6"), media.file("exif8")]),
+        images_in_three_turns(
+            [media.file("rgba"), media.file("gray"), media.file("tall")], system_field="You are Qwen, a virtual human."
+        ),
     ]
     return one + many
 
 
-def _write_json(path: Path, payload: dict) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
-
-
-def _spec(tmp_path: Path, media_dir: Path, records: list[dict]):
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records), "utf-8")
-    config = tmp_path / "dataset_info.json"
-    _write_json(config, {"omni": {"file_name": str(data), "formatting": "sharegpt", "media_dir": str(media_dir)}})
-    return config, load_dataset_config(config)[0]
-
-
-def _hf_ids(bundle: ProcessorBundle, messages: list[Any], paths: list[str]) -> list[int]:
-    """The processor's own template + image loading (from paths, EXIF applied) + expansion."""
-    images = iter(paths)
-    conversation = [
-        {
-            "role": m["role"],
-            "content": [{"type": "image", "path": next(images)} if c["type"] == "image" else c for c in m["content"]]
-            if isinstance(m["content"], list)
-            else m["content"],
-        }
-        for m in messages
-    ]
-    assert bundle.processor is not None
-    out: Any = bundle.processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
-    return [int(t) for t in np.asarray(out["input_ids"][0]).tolist()]
-
-
-def _shown_size(im: Image.Image) -> tuple[int, int]:
-    orientation = im.getexif().get(0x0112, 1)
-    return (im.height, im.width) if orientation in (5, 6, 7, 8) else im.size
-
-
 @pytest.mark.parametrize("family", FAMILIES)
-def test_sample_tokenizer_equals_the_processor(omni_bundles, media_dir, tmp_path, family):
+def test_sample_tokenizer_equals_the_processor(omni_bundles, media, tmp_path, family):
     bundle = omni_bundles[family]
     tokenizer = SampleTokenizer(bundle)
     image_id = tokenizer.counter.image_token_id if tokenizer.counter else -1
-    _, spec = _spec(tmp_path, media_dir, _records(media_dir))
-    for record in _records(media_dir):
-        conv = to_conversation(record, spec)
-        sample = tokenizer.tokenize(conv, VideoSampling())
-        expected = _hf_ids(bundle, conv.messages, [item.ref.path for item in conv.media])
-        assert sample.input_ids == expected, record["images"]
+    _, spec = sharegpt_dataset(tmp_path, media.root, _records(media))
+    for record in _records(media):
+        sample = assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the assistant replies and their <|im_end|>\n, nothing else
-        learned = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
-        replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-        assert bundle.tokenizer.decode(learned) == "".join(r + "<|im_end|>\n" for r in replies)
-        assert not any(m for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if t == image_id)
-        for (_, count), item in zip(sample.media, conv.media, strict=True):
-            with Image.open(item.ref.path) as im:
-                assert (count.width, count.height) == _shown_size(im)
+        assert_loss_mask(bundle, sample, "".join(r + "<|im_end|>\n" for r in replies(record)), {image_id})
+        for _, count in sample.media:
             assert count.num_tiles == 1 and count.num_tokens == len(count.expansion)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_aspect_over_200_is_an_error_like_the_processor(omni_bundles, media_dir, tmp_path, family):
-    bundle = omni_bundles[family]
-    record = {
-        "messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
-        "images": [_file(media_dir, "ratio205")],
-    }
-    _, spec = _spec(tmp_path, media_dir, [record])
-    conv = to_conversation(record, spec)
-    with pytest.raises(ValueError, match="aspect ratio"):
-        _hf_ids(bundle, conv.messages, [conv.media[0].ref.path])
-    with pytest.raises(SampleError) as err:
-        SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert err.value.reason == Reason.PROCESSOR_REJECTED
-
-
-def _table(out: Path, table: str) -> pa.Table:
-    return pa.concat_tables([open_part(p) for p in list_parts(out, table)])
+def test_aspect_over_200_is_an_error_like_the_processor(omni_bundles, media, tmp_path, family):
+    assert_rejected_like_processor(omni_bundles[family], tmp_path, media, REJECTED, match="aspect ratio")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_stage_stores_the_processor_ids_and_error_rows(omni_dirs, omni_bundles, media_dir, tmp_path, family):
+def test_stage_stores_the_processor_ids_and_error_rows(omni_dirs, omni_bundles, media, tmp_path, family):
     """``prep tokenize`` on a small dataset, every sample verified by the stage too."""
-    bad = [
-        {
-            "messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
-            "images": [_file(media_dir, "ratio205")],
-        },
-        {
-            "messages": [{"role": "user", "content": "<video>x"}, {"role": "assistant", "content": "y"}],
-            "videos": ["clip.mp4"],
-        },
-    ]
-    records = [r for r in _records(media_dir) if f"{_file(media_dir, 'huge')}" not in r["images"]][-4:] + bad
-    config, spec = _spec(tmp_path, media_dir, records)
-    out = tmp_path / "out"
-    manifest = run_tokenize(
-        TokenizeConfig(
-            dataset_config=str(config),
-            processor=str(omni_dirs[family]),
-            output_dir=str(out),
-            verify_fraction=1.0,
-            max_error_rate=1.0,
-            executor=LOCAL,
-        )
-    )
-    errors = _table(out, ERRORS_DIR).to_pylist()
-    rows = _table(out, SAMPLES_DIR).to_pylist()
+    bad = [exchange("<image>x", "y", images=[media.file(REJECTED)]), exchange("<video>x", "y", videos=[VIDEO])]
+    records = [r for r in _records(media) if media.file("huge") not in r["images"]][-4:] + bad
+    run = run_stage(tmp_path, omni_dirs[family], media.root, records)
     if is_torchvision_available():  # the video is tokenized by the real processor
-        assert [e["reason"] for e in errors] == ["processor_rejected"]
+        assert [e["reason"] for e in run.errors] == ["processor_rejected"]
     else:  # no closed form for Omni video and no processor to run it: an error row, never a guess
-        assert sorted(e["reason"] for e in errors) == ["processor_rejected", "processor_rejected"]
-        assert any("video" in e["message"] for e in errors)
-        assert len(rows) == len(records) - 2
-    assert manifest.verify.checked == len(rows)
-    bundle = omni_bundles[family]
-    for row in rows:
-        conv = to_conversation(records[row["line"]], spec)
+        assert sorted(e["reason"] for e in run.errors) == ["processor_rejected", "processor_rejected"]
+        assert any("video" in e["message"] for e in run.errors)
+        assert len(run.rows) == len(records) - 2
+    assert run.manifest.verify.checked == len(run.rows)
+    for row, conv in run.conversations(records):
         if all(item.kind == "image" for item in conv.media):
-            assert row["input_ids"] == _hf_ids(bundle, conv.messages, [i.ref.path for i in conv.media])
+            assert row["input_ids"] == conversation_ids(omni_bundles[family], conv)
 
 
 def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..1200, sides near multiples of the factor, and ratios near 200:1."""
     sizes = []
     for _ in range(n):
-        w, h = (max(1, int(math.exp(rng.uniform(0, math.log(1200))))) for _ in range(2))
+        w, h = log_uniform_pair(rng, 1200)
         pick = rng.random()
         if pick < 0.15:
             w = rng.choice([14, 16, 28, 32]) * rng.randint(1, 30) + rng.choice([-1, 0, 1])
         elif pick < 0.25:
             h = rng.randint(1, 6)
             w = h * 200 + rng.choice([-1, 0, 1, 2])
-        sizes.append((w, h) if rng.random() < 0.5 else (h, w))
+        sizes.append(maybe_swapped(rng, w, h))
     return sizes
 
 
@@ -281,15 +157,5 @@ def test_property_grid_equals_the_image_processor(omni_bundles, family):
     """500 random (width, height): the grid and token count equal the real image processor's."""
     bundle = omni_bundles[family]
     counter = QwenOmniCounter.from_processor(bundle)
-    for width, height in _property_sizes(random.Random(f"omni-{family}"), 500):
-        image = Image.new("RGB", (width, height))
-        try:
-            out = bundle.image_processor(images=[image], return_tensors="np")
-        except ValueError:
-            with pytest.raises(MediaRejected):
-                counter.count_image(width, height)
-            continue
-        count = counter.count_image(width, height)
-        assert [int(v) for v in out["image_grid_thw"][0]] == [count.grid_t, count.grid_h, count.grid_w], (width, height)
-        assert out["pixel_values"].shape[0] == count.num_tokens * counter.image.merge_size**2
-        assert count.expansion == (counter.image_token_id,) * count.num_tokens
+    sizes = _property_sizes(random.Random(f"omni-{family}"), 500)
+    assert_qwen_grid_equals_image_processor(bundle, counter, sizes)
