@@ -37,7 +37,7 @@ from prep.sources.media import VideoMeta
 from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import MediaRejected
-from prep.tokenize.processor import ProcessorBundle, ProcessorLoadError
+from prep.tokenize.processor import ProcessorBundle, ProcessorLoadError, load_processor
 from prep.tokenize.sample import TokenizedSample
 from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from schemas.dataset_config import DatasetSpec, VideoSampling, load_dataset_config
@@ -214,6 +214,23 @@ def conversation(turns: list[tuple[str, list[str | Path]]], *, join_text_turns: 
     return Conversation(messages=messages, media=media)
 
 
+def images_in_turns(
+    media: MediaFiles, exif: str, *, before: str = "", after: str = "", system: bool = True
+) -> list[tuple[str, list[str | Path]]]:
+    """Turns for :func:`conversation`: five images over two user turns (two adjacent, text touching
+    them; ``before`` / ``after`` join that text), a text-only turn, three replies (one in two items)."""
+    turns: list[tuple[str, list[str | Path]]] = [
+        ("system", ["You are helpful."]),
+        ("user", ["abc", media["odd"], media["wide"], f"{before}xyz", media["gray"], f"end{after}"]),
+        ("assistant", ["First answer."]),
+        ("user", [media[exif], "again?", media["tiny1"]]),
+        ("assistant", ["Second", " answer."]),
+        ("user", ["no image here"]),
+        ("assistant", ["Third."]),
+    ]
+    return turns if system else turns[1:]
+
+
 def video_conversation(path: Path, reply: str | None = None) -> Conversation:
     """``[video, "What happens?"]`` from the user, and ``reply`` from the assistant when given."""
     messages: list[dict[str, Any]] = [
@@ -222,6 +239,11 @@ def video_conversation(path: Path, reply: str | None = None) -> Conversation:
     if reply is not None:
         messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
     return Conversation(messages=messages, media=[MediaItem(kind="video", ref=MediaRef(path=str(path)))])
+
+
+def load_bundles(dirs: dict[str, Path]) -> dict[str, ProcessorBundle]:
+    """Each processor directory loaded as packvlm loads it."""
+    return {name: load_processor(str(path)) for name, path in dirs.items()}
 
 
 # --- oracles -------------------------------------------------------------------------------------

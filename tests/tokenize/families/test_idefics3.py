@@ -34,21 +34,9 @@ from prep.sources.conversation import Conversation
 from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.idefics3 import Idefics3Counter
-from prep.tokenize.processor import ProcessorBundle, load_processor
+from prep.tokenize.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
-from tests.tokenize.families.cases import (
-    MediaFiles,
-    assert_video_needs_real_processor,
-    conversation,
-    conversation_ids,
-    edit_json,
-    ignored_ids,
-    learned_ids,
-    processor_ids,
-    run_stage,
-    video_conversation,
-    write_noise_images,
-)
+from tests.tokenize.families import cases
 
 CHECKPOINTS = ("idefics3", "smolvlm", "smolvlm2")
 
@@ -59,13 +47,13 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {name: build_idefics3_dir(root / name, name) for name in CHECKPOINTS}
     # a grid past the vocabulary's <row_6_col_6>: rows 7, 8 are written as text and BPE-tokenized
     out["big_grid"] = build_idefics3_dir(root / "big_grid", "smolvlm")
-    edit_json(
+    cases.edit_json(
         out["big_grid"] / "preprocessor_config.json", size={"longest_edge": 1024}, max_image_size={"longest_edge": 128}
     )
     out["no_split"] = build_idefics3_dir(root / "no_split", "smolvlm2")
-    edit_json(out["no_split"] / "preprocessor_config.json", do_image_splitting=False)
+    cases.edit_json(out["no_split"] / "preprocessor_config.json", do_image_splitting=False)
     out["no_resize"] = build_idefics3_dir(root / "no_resize", "idefics3")
-    edit_json(out["no_resize"] / "preprocessor_config.json", do_resize=False)
+    cases.edit_json(out["no_resize"] / "preprocessor_config.json", do_resize=False)
     return out
 
 
@@ -74,14 +62,14 @@ def bundles(dirs: dict[str, Path]) -> dict[str, ProcessorBundle]:
     with pytest.MonkeyPatch.context() as mp:
         if smolvlm_processing.num2words is None:  # video-only dependency of SmolVLMProcessor.__init__
             mp.setattr(smolvlm_processing, "num2words", str)
-        loaded = {name: load_processor(str(path)) for name, path in dirs.items()}
+        loaded = cases.load_bundles(dirs)
     for bundle in loaded.values():
         assert bundle.processor is not None, bundle.source
     return loaded
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
+def images(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
     sizes = {
         "tiny1": (1, 1),
         "tiny10": (10, 10),
@@ -93,12 +81,12 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
         "one_px_past": (365, 729),  # sides one pixel past tile multiples
         "small": (300, 200),  # one tile without resizing
     }
-    return write_noise_images(tmp_path_factory.mktemp("idefics3_images"), sizes)
+    return cases.write_noise_images(tmp_path_factory.mktemp("idefics3_images"), sizes)
 
 
 def _processor_ids(bundle: ProcessorBundle, conv: Conversation) -> list[int]:
     """The base ``ProcessorMixin.apply_chat_template`` (SmolVLM's override reads the video processor)."""
-    return conversation_ids(bundle, conv, apply=ProcessorMixin.apply_chat_template)
+    return cases.conversation_ids(bundle, conv, apply=ProcessorMixin.apply_chat_template)
 
 
 SINGLE = ["tiny1", "tiny10", "wide", "tall", "extreme", "odd", "odd2", "one_px_past", "huge", "exif", "rgba", "gray"]
@@ -110,7 +98,7 @@ SINGLE = ["tiny1", "tiny10", "wide", "tall", "extreme", "odd", "odd2", "one_px_p
 )
 def test_single_image_equals_processor(bundles, images, checkpoint, name):
     bundle = bundles[checkpoint]
-    conv = conversation([("user", [images[name], "Describe it."]), ("assistant", ["A picture."])])
+    conv = cases.conversation([("user", [images[name], "Describe it."]), ("assistant", ["A picture."])])
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
     assert sample.input_ids == _processor_ids(bundle, conv)
     (_, count), *_ = sample.media
@@ -122,7 +110,7 @@ def test_single_image_equals_processor(bundles, images, checkpoint, name):
 def test_other_settings_equal_processor(bundles, images, checkpoint, name):
     """Rows past the vocabulary's row/col tokens, no splitting (single prompt), no resizing."""
     bundle = bundles[checkpoint]
-    conv = conversation([("user", ["x", images[name], "y"]), ("assistant", ["z"])])
+    conv = cases.conversation([("user", ["x", images[name], "y"]), ("assistant", ["z"])])
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
     assert sample.input_ids == _processor_ids(bundle, conv)
 
@@ -140,31 +128,21 @@ def test_big_grid_writes_row_tags_past_the_vocabulary_as_text(bundles):
 @pytest.mark.parametrize("checkpoint", CHECKPOINTS)
 def test_many_images_turns_touching_text_and_loss_mask(bundles, images, checkpoint):
     bundle = bundles[checkpoint]
-    conv = conversation(
-        [
-            ("system", ["You are helpful."]),
-            ("user", ["abc", images["odd"], images["wide"], "\n\nxyz", images["gray"], "end\n"]),
-            ("assistant", ["First answer."]),
-            ("user", [images["exif"], "again?", images["tiny1"]]),
-            ("assistant", ["Second", " answer."]),
-            ("user", ["no image here"]),
-            ("assistant", ["Third."]),
-        ]
-    )
+    conv = cases.conversation(cases.images_in_turns(images, "exif", before="\n\n", after="\n"))
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
     assert sample.input_ids == _processor_ids(bundle, conv)
     assert [c.kind for _, c in sample.media] == ["image"] * 5
-    learned = bundle.tokenizer.decode(learned_ids(sample))
+    learned = bundle.tokenizer.decode(cases.learned_ids(sample))
     assert learned == " First answer.<end_of_utterance>\n Second answer.<end_of_utterance>\n Third.<end_of_utterance>\n"
     image_id = bundle.tokenizer.convert_tokens_to_ids("<image>")
-    ignored = ignored_ids(sample)
+    ignored = cases.ignored_ids(sample)
     assert ignored.count(image_id) == sum(c.num_tokens for _, c in sample.media)
 
 
 def test_id_splice_equals_text_level_expansion(bundles, images):
     """The ids path equals expanding the text first (the processor's own order), item for item."""
     bundle = bundles["smolvlm"]
-    conv = conversation([("user", ["a ", images["odd"], " \n", images["tall"], "\n\n"]), ("assistant", ["ok"])])
+    conv = cases.conversation([("user", ["a ", images["odd"], " \n", images["tall"], "\n\n"]), ("assistant", ["ok"])])
     by_ids = SampleTokenizer(bundle)
     assert isinstance(by_ids.counter, Idefics3Counter) and not by_ids.counter.text_level
     by_text = SampleTokenizer(bundle)
@@ -174,7 +152,7 @@ def test_id_splice_equals_text_level_expansion(bundles, images):
 
 
 def test_video_sample_is_a_clear_error_row(bundles, tmp_path):
-    assert_video_needs_real_processor(bundles["smolvlm2"], video_conversation(tmp_path / "clip.mp4"))
+    cases.assert_video_needs_real_processor(bundles["smolvlm2"], cases.video_conversation(tmp_path / "clip.mp4"))
 
 
 def _random_sizes(rng: random.Random, count: int) -> list[tuple[int, int]]:
@@ -224,12 +202,12 @@ def test_stage_stores_the_processor_ids(dirs, bundles, images, tmp_path, monkeyp
         {"messages": [turn("user", "<image>"), turn("assistant", "Dot.")], "images": [media["tiny1"]]},
         {"messages": [turn("user", "<video>"), turn("assistant", "Clip.")], "videos": [str(tmp_path / "c.mp4")]},
     ]
-    run = run_stage(tmp_path, dirs["smolvlm2"], None, records)
+    run = cases.run_stage(tmp_path, dirs["smolvlm2"], None, records)
     assert len(run.rows) == 3 and run.manifest.verify.checked == 3
     assert [e["reason"] for e in run.errors] in (["processor_rejected"], ["missing_media"])
     for row in run.rows:
         record = records[row["line"]]
-        ids = processor_ids(
+        ids = cases.processor_ids(
             bundles["smolvlm2"], record["messages"], record["images"], apply=ProcessorMixin.apply_chat_template
         )
         assert row["input_ids"] == ids

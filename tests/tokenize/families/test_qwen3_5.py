@@ -28,25 +28,7 @@ from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.qwen3_vl import Qwen3VLCounter
 from prep.tokenize.processor import ProcessorBundle, load_processor
-from tests.tokenize.families.cases import (
-    STANDARD_IMAGES,
-    MediaFiles,
-    assert_ids_equal_processor,
-    assert_loss_mask,
-    assert_qwen_grid_equals_image_processor,
-    assert_rejected_like_processor,
-    conversation_ids,
-    exchange,
-    images_in_three_turns,
-    log_uniform_pair,
-    maybe_swapped,
-    one_image_records,
-    replies,
-    run_stage,
-    sharegpt_dataset,
-    three_images_one_turn,
-    write_images,
-)
+from tests.tokenize.families import cases
 
 
 @pytest.fixture(scope="module")
@@ -74,23 +56,23 @@ def test_qwen3_5_loads_as_qwen3_vl_processor_with_its_own_tokenizer(bundle, q35_
     assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
 
 
-IMAGES = {**STANDARD_IMAGES, "ratio200": (4000, 20, "RGB", "PNG", None)}  # exactly 200:1: accepted
+IMAGES = {**cases.STANDARD_IMAGES, "ratio200": (4000, 20, "RGB", "PNG", None)}  # exactly 200:1: accepted
 REJECTED = "ratio205"  # > 200:1: smart_resize raises
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
-    return write_images(tmp_path_factory.mktemp("qwen3_5_media"), IMAGES)
+def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
+    return cases.write_images(tmp_path_factory.mktemp("qwen3_5_media"), IMAGES)
 
 
-def _records(media: MediaFiles) -> list[dict]:
+def _records(media: cases.MediaFiles) -> list[dict]:
     """ShareGPT records: every accepted image alone, then the combinations the issue asks for."""
-    one = one_image_records(media, [n for n in [*IMAGES, "huge"] if n != REJECTED])
+    one = cases.one_image_records(media, [n for n in [*IMAGES, "huge"] if n != REJECTED])
     many = [
-        three_images_one_turn([media.file("odd"), media.file("exif6"), media.file("exif8")]),
+        cases.three_images_one_turn([media.file("odd"), media.file("exif6"), media.file("exif8")]),
         # combining marks (Qwen3.5's pre-tokenizer keeps them with letters) touching the tag
-        exchange("nai\u0308ve<image>cafe\u0301 \u0301x", "Une cafe\u0301.", images=[media.file("odd2")]),
-        images_in_three_turns(
+        cases.exchange("nai\u0308ve<image>cafe\u0301 \u0301x", "Une cafe\u0301.", images=[media.file("odd2")]),
+        cases.images_in_three_turns(
             [media.file("rgba"), media.file("gray"), media.file("tall")], system_field="You are Qwen, a virtual human."
         ),
     ]
@@ -100,46 +82,46 @@ def _records(media: MediaFiles) -> list[dict]:
 def test_sample_tokenizer_equals_the_processor(bundle, media, tmp_path):
     tokenizer = SampleTokenizer(bundle)
     image_id = bundle.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    _, spec = sharegpt_dataset(tmp_path, media.root, _records(media))
+    _, spec = cases.sharegpt_dataset(tmp_path, media.root, _records(media))
     for record in _records(media):
-        sample = assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
+        sample = cases.assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the assistant replies and their <|im_end|>\n, nothing else
         # (the tokenizer's NFC normalizer composes the combining marks)
-        expected = unicodedata.normalize("NFC", "".join(r + "<|im_end|>\n" for r in replies(record)))
-        assert_loss_mask(bundle, sample, expected, {image_id})
+        expected = unicodedata.normalize("NFC", "".join(r + "<|im_end|>\n" for r in cases.replies(record)))
+        cases.assert_loss_mask(bundle, sample, expected, {image_id})
 
 
 def test_aspect_over_200_is_an_error_like_the_processor(bundle, media, tmp_path):
-    assert_rejected_like_processor(bundle, tmp_path, media, REJECTED, match="aspect ratio")
+    cases.assert_rejected_like_processor(bundle, tmp_path, media, REJECTED, match="aspect ratio")
 
 
 def test_stage_stores_the_processor_ids(q35_dir, bundle, media, tmp_path):
     """``prep tokenize`` on a small dataset, every sample verified by the stage too."""
-    bad = exchange("<image>x", "y", images=[media.file(REJECTED)])
+    bad = cases.exchange("<image>x", "y", images=[media.file(REJECTED)])
     records = [r for r in _records(media) if media.file("huge") not in r["images"]][-4:] + [bad]
-    run = run_stage(tmp_path, q35_dir, media.root, records)
+    run = cases.run_stage(tmp_path, q35_dir, media.root, records)
     assert [e["reason"] for e in run.errors] == ["processor_rejected"]
     assert len(run.rows) == len(records) - 1 and run.manifest.verify.checked == len(run.rows)
     for row, conv in run.conversations(records):
-        assert row["input_ids"] == conversation_ids(bundle, conv)
+        assert row["input_ids"] == cases.conversation_ids(bundle, conv)
 
 
 def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..1200, sides near multiples of 32, and ratios near 200:1."""
     sizes = []
     for _ in range(n):
-        w, h = log_uniform_pair(rng, 1200)
+        w, h = cases.log_uniform_pair(rng, 1200)
         pick = rng.random()
         if pick < 0.15:
             w = 32 * rng.randint(1, 30) + rng.choice([-1, 0, 1])
         elif pick < 0.25:
             h = rng.randint(1, 6)
             w = h * 200 + rng.choice([-1, 0, 1, 2])
-        sizes.append(maybe_swapped(rng, w, h))
+        sizes.append(cases.maybe_swapped(rng, w, h))
     return sizes
 
 
 def test_property_grid_equals_the_image_processor(bundle):
     """500 random (width, height): the grid and token count equal the real image processor's."""
     counter = Qwen3VLCounter.from_processor(bundle)
-    assert_qwen_grid_equals_image_processor(bundle, counter, _property_sizes(random.Random("qwen3_5"), 500))
+    cases.assert_qwen_grid_equals_image_processor(bundle, counter, _property_sizes(random.Random("qwen3_5"), 500))
