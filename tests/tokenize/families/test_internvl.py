@@ -25,17 +25,7 @@ from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.families.internvl import InternVLCounter
 from prep.tokenize.processor import ProcessorBundle, load_processor
 from schemas.dataset_config import VideoSampling
-from tests.tokenize.families.cases import (
-    MediaFiles,
-    assert_refuses_other_image_processor,
-    assert_video_needs_real_processor,
-    conversation,
-    flat_processor_ids,
-    ignored_ids,
-    learned_ids,
-    video_conversation,
-    write_noise_images,
-)
+from tests.tokenize.families import cases
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +34,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> ProcessorBundle:
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
+def images(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
     sizes = {
         "tiny1": (1, 1),
         "tiny10": (10, 10),
@@ -55,12 +45,12 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
         "odd2": (1023, 767),
         "square_tie": (634, 634),  # 1x1 / 2x2 / 3x3 tie broken by area
     }
-    return write_noise_images(tmp_path_factory.mktemp("internvl_images"), sizes)
+    return cases.write_noise_images(tmp_path_factory.mktemp("internvl_images"), sizes)
 
 
 def _conv(turns: list[tuple[str, list[str | Path]]]) -> Conversation:
     """Text-only turns as one string (the template takes both forms)."""
-    return conversation(turns, join_text_turns=True)
+    return cases.conversation(turns, join_text_turns=True)
 
 
 SINGLE = ["tiny1", "tiny10", "wide", "tall", "extreme", "odd", "odd2", "square_tie", "huge", "exif", "rgba", "gray"]
@@ -70,7 +60,7 @@ SINGLE = ["tiny1", "tiny10", "wide", "tall", "extreme", "odd", "odd2", "square_t
 def test_single_image_equals_processor(bundle, images, name):
     conv = _conv([("user", [images[name], "Describe it."]), ("assistant", ["A picture."])])
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == flat_processor_ids(bundle, conv)
+    assert sample.input_ids == cases.flat_processor_ids(bundle, conv)
 
 
 def test_crop_to_patches_comes_from_the_processor_class(bundle):
@@ -82,30 +72,20 @@ def test_crop_to_patches_comes_from_the_processor_class(bundle):
 
 
 def test_many_images_turns_and_touching_text(bundle, images):
-    conv = _conv(
-        [
-            ("system", ["You are helpful."]),
-            ("user", ["abc", images["odd"], images["wide"], "xyz", images["gray"], "end"]),
-            ("assistant", ["First answer."]),
-            ("user", [images["exif"], "again?", images["tiny1"]]),
-            ("assistant", ["Second", " answer."]),
-            ("user", ["no image here"]),
-            ("assistant", ["Third."]),
-        ]
-    )
+    conv = _conv(cases.images_in_turns(images, "exif"))
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == flat_processor_ids(bundle, conv)
+    assert sample.input_ids == cases.flat_processor_ids(bundle, conv)
     assert [c.kind for _, c in sample.media] == ["image"] * 5
     # loss mask: exactly the assistant replies, each with its <|im_end|>\n
-    learned = bundle.tokenizer.decode(learned_ids(sample))
+    learned = bundle.tokenizer.decode(cases.learned_ids(sample))
     assert learned == "First answer.<|im_end|>\nSecond answer.<|im_end|>\nThird.<|im_end|>\n"
-    ignored = ignored_ids(sample)
+    ignored = cases.ignored_ids(sample)
     context_id = bundle.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
     assert ignored.count(context_id) == sample.num_media_tokens == sum(c.num_tokens for _, c in sample.media)
 
 
 def test_video_sample_is_exact_or_a_clear_error_row(bundle, tmp_path):
-    err = assert_video_needs_real_processor(bundle, video_conversation(tmp_path / "clip.mp4"))
+    err = cases.assert_video_needs_real_processor(bundle, cases.video_conversation(tmp_path / "clip.mp4"))
     assert "real processor" in str(err)
 
 
@@ -135,4 +115,4 @@ def test_tile_count_matches_pil_image_processor_on_500_sizes(bundle):
 
 
 def test_other_image_processor_is_refused_not_guessed(bundle):
-    assert_refuses_other_image_processor(InternVLCounter, bundle, "GotOcr2")
+    cases.assert_refuses_other_image_processor(InternVLCounter, bundle, "GotOcr2")

@@ -34,28 +34,14 @@ from prep.sources.media import VideoMeta
 from prep.tokenize.core import SampleTokenizer, splice_media
 from prep.tokenize.families.base import MediaRejected, find_counter
 from prep.tokenize.families.llava import LlavaCounter
-from prep.tokenize.processor import ProcessorBundle, load_processor
+from prep.tokenize.processor import ProcessorBundle
 from prep.tokenize.template import render_with_spans, tokenize_rendered
 from schemas.dataset_config import VideoSampling
-from tests.tokenize.families.cases import (
-    STANDARD_IMAGES,
-    MediaFiles,
-    assert_video_unsupported,
-    chat_template_output,
-    conversation,
-    exchange,
-    flat_processor_ids,
-    ignored_ids,
-    learned_ids,
-    log_uniform_pair,
-    run_stage,
-    video_conversation,
-    write_images,
-)
+from tests.tokenize.families import cases
 
 CHECKPOINTS = {"llava_onevision": build_onevision_dir, "llava_next": build_next_dir}
 IMAGES = {
-    **STANDARD_IMAGES,
+    **cases.STANDARD_IMAGES,
     "odd2": (1023, 767, "RGB", "JPEG", None),
     "exif6": (900, 200, "RGB", "JPEG", 6),  # stored 900x200, shown 200x900
     "rgba": (500, 300, "RGBA", "PNG", None),
@@ -73,17 +59,17 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def bundles(dirs: dict[str, Path]) -> dict[str, ProcessorBundle]:
-    return {name: load_processor(str(path)) for name, path in dirs.items()}
+    return cases.load_bundles(dirs)
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
-    return write_images(tmp_path_factory.mktemp("llava_media"), IMAGES, video=True)
+def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
+    return cases.write_images(tmp_path_factory.mktemp("llava_media"), IMAGES, video=True)
 
 
 def _hf_nested(bundle: ProcessorBundle, conv: Conversation, **kwargs: Any) -> dict[str, Any]:
     """``apply_chat_template(tokenize=True)``: HF loads the paths; a conversation's images are one batch entry."""
-    return chat_template_output(bundle, conv.messages, [item.ref.path for item in conv.media], **kwargs)
+    return cases.chat_template_output(bundle, conv.messages, [item.ref.path for item in conv.media], **kwargs)
 
 
 def test_load_builds_the_real_processors_and_reads_their_settings(bundles):
@@ -109,51 +95,37 @@ def test_load_builds_the_real_processors_and_reads_their_settings(bundles):
 @pytest.mark.parametrize("name", [*IMAGES, "huge"])
 def test_single_image_equals_the_processor(bundles, media, checkpoint, name):
     bundle = bundles[checkpoint]
-    conv = conversation([("user", [media[name], "Describe it."]), ("assistant", ["A picture."])])
+    conv = cases.conversation([("user", [media[name], "Describe it."]), ("assistant", ["A picture."])])
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
     hf = _hf_nested(bundle, conv)
     assert sample.input_ids == hf["input_ids"]
     if name != "huge":  # one image: the flat call is the same call (decoding 48 MP twice costs ~10 s)
-        assert sample.input_ids == flat_processor_ids(bundle, conv)
+        assert sample.input_ids == cases.flat_processor_ids(bundle, conv)
     (_, count), tiles = sample.media[0], len(hf["pixel_values"][0])
     assert count.num_tiles == tiles  # pixel_values' patch dimension (one image: no batch padding)
     assert [count.height, count.width] == hf["image_sizes"]  # EXIF-transposed size, as HF loads it
 
 
-MULTI = [
-    ("system", ["You are helpful."]),
-    ("user", ["abc", "odd", "wide", "xyz", "gray", "end"]),
-    ("assistant", ["First answer."]),
-    ("user", ["exif6", "again?", "tiny1"]),
-    ("assistant", ["Second", " answer."]),
-    ("user", ["no image here"]),
-    ("assistant", ["Third."]),
-]
-
-
-def _multi(media: MediaFiles, system: bool = True) -> Conversation:
-    turns = [
-        (role, [media[p] if p in IMAGES else p for p in parts]) for role, parts in MULTI if system or role != "system"
-    ]
-    return conversation(turns)
+def _multi(media: cases.MediaFiles, system: bool = True) -> Conversation:
+    return cases.conversation(cases.images_in_turns(media, "exif6", system=system))
 
 
 def test_onevision_many_images_equal_the_flat_processor_call_and_its_mask(bundles, media):
     bundle = bundles["llava_onevision"]
     conv = _multi(media)
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == flat_processor_ids(bundle, conv)
+    assert sample.input_ids == cases.flat_processor_ids(bundle, conv)
     assert [c.num_tiles > 1 for _, c in sample.media] == [True] * 5  # flat: every image tiled
     # mask: HF's {% generation %} spans (reply text) plus each reply's <|im_end|>\n, nothing else
     tok = bundle.tokenizer
-    learned = tok.decode(learned_ids(sample))
+    learned = tok.decode(cases.learned_ids(sample))
     assert learned == "First answer.<|im_end|>\nSecond answer.<|im_end|>\nThird.<|im_end|>\n"
 
 
 def test_onevision_mask_contains_the_hf_generation_mask(bundles, media):
     """One image in all (nested == flat): HF's assistant mask = ours minus each <|im_end|>, \\n."""
     bundle = bundles["llava_onevision"]
-    conv = conversation(
+    conv = cases.conversation(
         [
             ("user", [media["odd"], "What is it?"]),
             ("assistant", ["A cat."]),
@@ -194,20 +166,20 @@ def test_next_many_images_and_turns_equal_the_processor(bundles, media):
     bundle = bundles["llava_next"]
     conv = _multi(media, system=False)  # the template reads a system turn's content[0]['text'] only
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling())
-    assert sample.input_ids == _hf_nested(bundle, conv)["input_ids"] == flat_processor_ids(bundle, conv)
+    assert sample.input_ids == _hf_nested(bundle, conv)["input_ids"] == cases.flat_processor_ids(bundle, conv)
     image_id = bundle.tokenizer.convert_tokens_to_ids("<image>")
-    ignored = ignored_ids(sample)
+    ignored = cases.ignored_ids(sample)
     assert ignored.count(image_id) == sum(c.num_tokens for _, c in sample.media)
     # mask: the replies as rendered, ' ' + content[0]['text'] + '</s> ' (the template renders only the
     # first text item: "Second", as HF does); SentencePiece folds each reply's trailing space into
     # the next turn's '▁[INST]', which the overlap rule therefore masks 1 too.
     tok = bundle.tokenizer
-    learned = tok.decode(learned_ids(sample))
+    learned = tok.decode(cases.learned_ids(sample))
     assert learned == "First answer.</s> [INST] Second</s> [INST] Third.</s> "
 
 
 def test_next_takes_no_video(bundles):
-    assert_video_unsupported(find_counter("LlavaNextProcessor")(bundles["llava_next"]))
+    cases.assert_video_unsupported(find_counter("LlavaNextProcessor")(bundles["llava_next"]))
 
 
 @pytest.mark.parametrize(
@@ -238,7 +210,7 @@ def test_onevision_video_oversampling_is_rejected_like_the_processor(bundles):
 
 def test_onevision_video_sample_is_counted_in_closed_form(bundles, media):
     bundle = bundles["llava_onevision"]
-    conv = video_conversation(media["clip"], reply="Nothing.")
+    conv = cases.video_conversation(media["clip"], reply="Nothing.")
     sample = SampleTokenizer(bundle).tokenize(conv, VideoSampling(fps=2.0))
     (_, count) = sample.media[0]
     assert count.frame_indices == (0, 2, 4, 6) and count.num_tokens == 4 * 196 + 1
@@ -250,7 +222,7 @@ def _property_sizes(rng: random.Random, n: int, top: int) -> list[tuple[int, int
     """Log-uniform sides 1..top, a fifth of them on or next to a pinpoint side."""
     sizes = []
     for _ in range(n):
-        w, h = log_uniform_pair(rng, top)
+        w, h = cases.log_uniform_pair(rng, top)
         if rng.random() < 0.2:
             w = rng.choice([336, 337, 672, 1008, 384, 385, 768, 1152, 2304, 2305]) + rng.choice([-1, 0, 1])
         sizes.append((w, h))
@@ -284,12 +256,12 @@ def test_property_tiles_and_tokens_equal_the_image_processor(bundles, checkpoint
 def test_stage_stores_the_processor_ids(dirs, bundles, media, tmp_path):
     """``prep tokenize`` (LOCAL) on a small ShareGPT dataset, every sample verified by the stage too."""
     names = sorted(path.name for name, path in media.paths.items() if name not in ("huge", "clip"))
-    records = [exchange(f"<image>Describe {n}.", "ok", images=[n]) for n in names[:6]]
-    records.append(exchange("abc<image><image>def", "Two.", images=[names[0], names[1]]))
-    run = run_stage(tmp_path, dirs["llava_onevision"], media.root, records)
+    records = [cases.exchange(f"<image>Describe {n}.", "ok", images=[n]) for n in names[:6]]
+    records.append(cases.exchange("abc<image><image>def", "Two.", images=[names[0], names[1]]))
+    run = cases.run_stage(tmp_path, dirs["llava_onevision"], media.root, records)
     assert run.errors == []
     assert len(run.rows) == len(records) and run.manifest.verify.checked == len(run.rows)
     tok = SampleTokenizer(bundles["llava_onevision"])
     assert tok.content_lists  # the template drops string replies: they go in as content lists
     for row, conv in run.conversations(records):
-        assert row["input_ids"] == flat_processor_ids(bundles["llava_onevision"], tok.for_template(conv))
+        assert row["input_ids"] == cases.flat_processor_ids(bundles["llava_onevision"], tok.for_template(conv))
