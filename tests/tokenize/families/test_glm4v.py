@@ -30,29 +30,8 @@ from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.glm4v import Glm4vCounter
-from prep.tokenize.processor import ProcessorBundle, load_processor
-from tests.tokenize.families.cases import (
-    STANDARD_IMAGES,
-    VIDEO,
-    MediaFiles,
-    assert_ids_equal_processor,
-    assert_loss_mask,
-    assert_refuses_other_image_processor,
-    assert_rejected_like_processor,
-    assert_video_needs_real_processor,
-    conversation_ids,
-    exchange,
-    log_uniform_pair,
-    maybe_swapped,
-    one_image_records,
-    or_rejected,
-    replies,
-    run_stage,
-    same_image_twice,
-    sharegpt_dataset,
-    three_images_one_turn,
-    write_images,
-)
+from prep.tokenize.processor import ProcessorBundle
+from tests.tokenize.families import cases
 
 PROCESSOR_CLASS = {name: classes[0] for name, classes in GLM_CHECKPOINTS.items()}
 # What each template renders before an assistant reply, inside the reply's turn (the 4.5V/4.6V
@@ -68,7 +47,7 @@ def glm_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def glm_bundles(glm_dirs: dict[str, Path]) -> dict[str, ProcessorBundle]:
-    return {name: load_processor(str(path)) for name, path in glm_dirs.items()}
+    return cases.load_bundles(glm_dirs)
 
 
 def test_load_processor_builds_the_real_processor_on_cpu(glm_bundles):
@@ -85,7 +64,7 @@ def test_load_processor_builds_the_real_processor_on_cpu(glm_bundles):
 
 
 IMAGES = {
-    **STANDARD_IMAGES,  # wide: short side scaled up to 28 first, 5250x28; ratio205: 28 x 5740 after it, rejected
+    **cases.STANDARD_IMAGES,  # wide: short side scaled up to 28 first, 5250x28; ratio205: 28 x 5740 after it, rejected
     "ratio199": (5572, 28, "RGB", "PNG", None),  # 199:1, accepted
     "thin": (3000, 1, "RGB", "PNG", None),  # 1 px side -> 84000 x 28: rejected
 }
@@ -93,16 +72,16 @@ REJECTED = ("ratio205", "thin")
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
-    return write_images(tmp_path_factory.mktemp("glm4v_media"), IMAGES, video=True)
+def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
+    return cases.write_images(tmp_path_factory.mktemp("glm4v_media"), IMAGES, video=True)
 
 
-def _records(media: MediaFiles) -> list[dict]:
+def _records(media: cases.MediaFiles) -> list[dict]:
     """ShareGPT records: every accepted image alone, then the combinations the issue asks for."""
     f = media.file
-    one = one_image_records(media, [name for name in IMAGES if name not in REJECTED])
+    one = cases.one_image_records(media, [name for name in IMAGES if name not in REJECTED])
     many = [
-        three_images_one_turn([f("odd"), f("exif6"), f("huge")]),
+        cases.three_images_one_turn([f("odd"), f("exif6"), f("huge")]),
         {  # images in several turns, with a system prompt
             "messages": [
                 {"role": "system", "content": "You are helpful."},
@@ -115,7 +94,7 @@ def _records(media: MediaFiles) -> list[dict]:
             ],
             "images": [f("rgba"), f("gray"), f("tall")],
         },
-        same_image_twice([f("tiny1"), f("ratio199"), f("tiny1")]),  # and the 1x1 beside the 199:1
+        cases.same_image_twice([f("tiny1"), f("ratio199"), f("tiny1")]),  # and the 1x1 beside the 199:1
     ]
     return one + many
 
@@ -125,11 +104,13 @@ def test_sample_tokenizer_equals_the_processor(glm_bundles, media, tmp_path, che
     bundle = glm_bundles[checkpoint]
     tokenizer = SampleTokenizer(bundle)
     image_ids = {bundle.tokenizer.convert_tokens_to_ids(t) for t in ("<|begin_of_image|>", "<|image|>")}
-    _, spec = sharegpt_dataset(tmp_path, media.root, _records(media))
+    _, spec = cases.sharegpt_dataset(tmp_path, media.root, _records(media))
     for record in _records(media):
-        sample = assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
+        sample = cases.assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the assistant turns (the templates end a reply with nothing)
-        assert_loss_mask(bundle, sample, "".join(REPLY_PREFIX[checkpoint] + r for r in replies(record)), image_ids)
+        cases.assert_loss_mask(
+            bundle, sample, "".join(REPLY_PREFIX[checkpoint] + r for r in cases.replies(record)), image_ids
+        )
         assert sample.loss_mask[-1] == 1
         for _, count in sample.media:
             assert count.num_tiles == 1 and count.grid_t == 1
@@ -137,32 +118,32 @@ def test_sample_tokenizer_equals_the_processor(glm_bundles, media, tmp_path, che
 
 @pytest.mark.parametrize("name", REJECTED)
 def test_aspect_over_200_is_an_error_like_the_processor(glm_bundles, media, tmp_path, name):
-    assert_rejected_like_processor(glm_bundles["glm4_1v"], tmp_path, media, name, match="aspect ratio")
+    cases.assert_rejected_like_processor(glm_bundles["glm4_1v"], tmp_path, media, name, match="aspect ratio")
 
 
 def test_video_is_the_real_processor_or_a_clear_error_row(glm_bundles, media, tmp_path):
     bundle = glm_bundles["glm4_1v"]
     assert Glm4vCounter.counts_video is False
-    record = exchange("<video>What happens?", "y", videos=[VIDEO])
-    _, spec = sharegpt_dataset(tmp_path, media.root, [record])
-    err = assert_video_needs_real_processor(bundle, to_conversation(record, spec))
+    record = cases.exchange("<video>What happens?", "y", videos=[cases.VIDEO])
+    _, spec = cases.sharegpt_dataset(tmp_path, media.root, [record])
+    err = cases.assert_video_needs_real_processor(bundle, to_conversation(record, spec))
     assert "real processor" in str(err)
 
 
 def test_other_image_processor_is_refused_not_guessed(glm_bundles):
-    assert_refuses_other_image_processor(Glm4vCounter, glm_bundles["glm4_1v"], "Glm4vImageProcessor")
+    cases.assert_refuses_other_image_processor(Glm4vCounter, glm_bundles["glm4_1v"], "Glm4vImageProcessor")
 
 
 def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..1500, a third with a side under 28 (the scale-up), some on 28-multiples."""
     sizes = []
     for i in range(n):
-        w, h = log_uniform_pair(rng, 1500)
+        w, h = cases.log_uniform_pair(rng, 1500)
         if i % 3 == 0:
             h = rng.randint(1, 27)
         elif i % 7 == 0:
             w = 28 * rng.randint(1, 50) + rng.choice([-1, 0, 1, 14])
-        sizes.append(maybe_swapped(rng, w, h))
+        sizes.append(cases.maybe_swapped(rng, w, h))
     return sizes
 
 
@@ -175,7 +156,9 @@ def test_property_grid_equals_the_image_processor(glm_bundles, checkpoint):
     rejected = 0
     for width, height in _property_sizes(random.Random(f"glm-{checkpoint}"), 500):
         image = Image.new("RGB", (width, height))
-        out = or_rejected(partial(ip, images=[image], do_rescale=False, do_normalize=False), counter, width, height)
+        out = cases.or_rejected(
+            partial(ip, images=[image], do_rescale=False, do_normalize=False), counter, width, height
+        )
         if out is None:
             rejected += 1
             continue
@@ -200,10 +183,13 @@ def test_pixel_budget_counts_the_temporal_patch(glm_bundles):
 
 def test_stage_stores_the_processor_ids_and_error_rows(glm_dirs, glm_bundles, media, tmp_path):
     """``prep tokenize`` on a small dataset (glm4_6v), every sample verified by the stage too."""
-    bad = [exchange("<image>x", "y", images=[media.file("ratio205")]), exchange("<video>x", "y", videos=[VIDEO])]
+    bad = [
+        cases.exchange("<image>x", "y", images=[media.file("ratio205")]),
+        cases.exchange("<video>x", "y", videos=[cases.VIDEO]),
+    ]
     records = _records(media)[-2:] + bad
-    run = run_stage(tmp_path, glm_dirs["glm4_6v"], media.root, records)
+    run = cases.run_stage(tmp_path, glm_dirs["glm4_6v"], media.root, records)
     assert [e["reason"] for e in run.errors] == ["processor_rejected", "processor_rejected"]
     assert len(run.rows) == len(records) - 2 and run.manifest.verify.checked == len(run.rows)
     for row, conv in run.conversations(records):
-        assert row["input_ids"] == conversation_ids(glm_bundles["glm4_6v"], conv)
+        assert row["input_ids"] == cases.conversation_ids(glm_bundles["glm4_6v"], conv)

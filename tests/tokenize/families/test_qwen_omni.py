@@ -26,27 +26,8 @@ from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.qwen_omni import QwenOmniCounter
-from prep.tokenize.processor import ProcessorBundle, load_processor
-from tests.tokenize.families.cases import (
-    STANDARD_IMAGES,
-    VIDEO,
-    MediaFiles,
-    assert_ids_equal_processor,
-    assert_loss_mask,
-    assert_qwen_grid_equals_image_processor,
-    assert_rejected_like_processor,
-    conversation_ids,
-    exchange,
-    images_in_three_turns,
-    log_uniform_pair,
-    maybe_swapped,
-    one_image_records,
-    replies,
-    run_stage,
-    sharegpt_dataset,
-    three_images_one_turn,
-    write_images,
-)
+from prep.tokenize.processor import ProcessorBundle
+from tests.tokenize.families import cases
 
 FAMILIES = list(CHECKPOINTS)  # qwen2_5_omni, qwen3_omni_moe
 
@@ -59,7 +40,7 @@ def omni_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def omni_bundles(omni_dirs: dict[str, Path]) -> dict[str, ProcessorBundle]:
-    return {name: load_processor(str(path)) for name, path in omni_dirs.items()}
+    return cases.load_bundles(omni_dirs)
 
 
 def test_load_processor_builds_the_real_processor_on_cpu(omni_bundles):
@@ -79,21 +60,21 @@ def test_load_processor_builds_the_real_processor_on_cpu(omni_bundles):
         assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
 
 
-IMAGES = {**STANDARD_IMAGES, "ratio200": (4000, 20, "RGB", "PNG", None)}  # exactly 200:1: accepted
+IMAGES = {**cases.STANDARD_IMAGES, "ratio200": (4000, 20, "RGB", "PNG", None)}  # exactly 200:1: accepted
 REJECTED = "ratio205"  # > 200:1: smart_resize raises
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
-    return write_images(tmp_path_factory.mktemp("omni_media"), IMAGES, video=True)
+def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
+    return cases.write_images(tmp_path_factory.mktemp("omni_media"), IMAGES, video=True)
 
 
-def _records(media: MediaFiles) -> list[dict]:
+def _records(media: cases.MediaFiles) -> list[dict]:
     """ShareGPT records: every accepted image alone, then the combinations the issue asks for."""
-    one = one_image_records(media, [n for n in [*IMAGES, "huge"] if n != REJECTED])
+    one = cases.one_image_records(media, [n for n in [*IMAGES, "huge"] if n != REJECTED])
     many = [
-        three_images_one_turn([media.file("odd"), media.file("exif6"), media.file("exif8")]),
-        images_in_three_turns(
+        cases.three_images_one_turn([media.file("odd"), media.file("exif6"), media.file("exif8")]),
+        cases.images_in_three_turns(
             [media.file("rgba"), media.file("gray"), media.file("tall")], system_field="You are Qwen, a virtual human."
         ),
     ]
@@ -105,26 +86,29 @@ def test_sample_tokenizer_equals_the_processor(omni_bundles, media, tmp_path, fa
     bundle = omni_bundles[family]
     tokenizer = SampleTokenizer(bundle)
     image_id = tokenizer.counter.image_token_id if tokenizer.counter else -1
-    _, spec = sharegpt_dataset(tmp_path, media.root, _records(media))
+    _, spec = cases.sharegpt_dataset(tmp_path, media.root, _records(media))
     for record in _records(media):
-        sample = assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
+        sample = cases.assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the assistant replies and their <|im_end|>\n, nothing else
-        assert_loss_mask(bundle, sample, "".join(r + "<|im_end|>\n" for r in replies(record)), {image_id})
+        cases.assert_loss_mask(bundle, sample, "".join(r + "<|im_end|>\n" for r in cases.replies(record)), {image_id})
         for _, count in sample.media:
             assert count.num_tiles == 1 and count.num_tokens == len(count.expansion)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_aspect_over_200_is_an_error_like_the_processor(omni_bundles, media, tmp_path, family):
-    assert_rejected_like_processor(omni_bundles[family], tmp_path, media, REJECTED, match="aspect ratio")
+    cases.assert_rejected_like_processor(omni_bundles[family], tmp_path, media, REJECTED, match="aspect ratio")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_stage_stores_the_processor_ids_and_error_rows(omni_dirs, omni_bundles, media, tmp_path, family):
     """``prep tokenize`` on a small dataset, every sample verified by the stage too."""
-    bad = [exchange("<image>x", "y", images=[media.file(REJECTED)]), exchange("<video>x", "y", videos=[VIDEO])]
+    bad = [
+        cases.exchange("<image>x", "y", images=[media.file(REJECTED)]),
+        cases.exchange("<video>x", "y", videos=[cases.VIDEO]),
+    ]
     records = [r for r in _records(media) if media.file("huge") not in r["images"]][-4:] + bad
-    run = run_stage(tmp_path, omni_dirs[family], media.root, records)
+    run = cases.run_stage(tmp_path, omni_dirs[family], media.root, records)
     if is_torchvision_available():  # the video is tokenized by the real processor
         assert [e["reason"] for e in run.errors] == ["processor_rejected"]
     else:  # no closed form for Omni video and no processor to run it: an error row, never a guess
@@ -134,21 +118,21 @@ def test_stage_stores_the_processor_ids_and_error_rows(omni_dirs, omni_bundles, 
     assert run.manifest.verify.checked == len(run.rows)
     for row, conv in run.conversations(records):
         if all(item.kind == "image" for item in conv.media):
-            assert row["input_ids"] == conversation_ids(omni_bundles[family], conv)
+            assert row["input_ids"] == cases.conversation_ids(omni_bundles[family], conv)
 
 
 def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..1200, sides near multiples of the factor, and ratios near 200:1."""
     sizes = []
     for _ in range(n):
-        w, h = log_uniform_pair(rng, 1200)
+        w, h = cases.log_uniform_pair(rng, 1200)
         pick = rng.random()
         if pick < 0.15:
             w = rng.choice([14, 16, 28, 32]) * rng.randint(1, 30) + rng.choice([-1, 0, 1])
         elif pick < 0.25:
             h = rng.randint(1, 6)
             w = h * 200 + rng.choice([-1, 0, 1, 2])
-        sizes.append(maybe_swapped(rng, w, h))
+        sizes.append(cases.maybe_swapped(rng, w, h))
     return sizes
 
 
@@ -158,4 +142,4 @@ def test_property_grid_equals_the_image_processor(omni_bundles, family):
     bundle = omni_bundles[family]
     counter = QwenOmniCounter.from_processor(bundle)
     sizes = _property_sizes(random.Random(f"omni-{family}"), 500)
-    assert_qwen_grid_equals_image_processor(bundle, counter, sizes)
+    cases.assert_qwen_grid_equals_image_processor(bundle, counter, sizes)
