@@ -31,27 +31,7 @@ from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.families.base import find_counter, image_attention
 from prep.tokenize.families.gemma3 import Gemma3Counter
 from prep.tokenize.processor import ProcessorBundle, load_processor
-from tests.tokenize.families.cases import (
-    STANDARD_IMAGES,
-    VIDEO,
-    MediaFiles,
-    assert_ids_equal_processor,
-    assert_loss_mask,
-    assert_video_unsupported,
-    conversation_ids,
-    edit_json,
-    exchange,
-    images_in_three_turns,
-    log_uniform_pair,
-    maybe_swapped,
-    one_image_records,
-    replies,
-    run_stage,
-    same_image_twice,
-    sharegpt_dataset,
-    three_images_one_turn,
-    write_images,
-)
+from tests.tokenize.families import cases
 
 MODES = ("pan_and_scan_off", "pan_and_scan_on")
 
@@ -94,7 +74,7 @@ def test_load_processor_builds_the_real_processor_on_cpu(bundles):
 def test_the_file_cannot_turn_pan_and_scan_on(gemma_dir, tmp_path):
     """``do_pan_and_scan: true`` in preprocessor_config.json: the processor still passes False, and so do we."""
     shutil.copytree(gemma_dir, tmp_path / "p")
-    edit_json(tmp_path / "p" / "preprocessor_config.json", do_pan_and_scan=True)
+    cases.edit_json(tmp_path / "p" / "preprocessor_config.json", do_pan_and_scan=True)
     bundle = load_processor(str(tmp_path / "p"))
     assert bundle.processor is not None and bundle.image_processor.do_pan_and_scan is True
     counter = Gemma3Counter.from_processor(bundle)
@@ -115,7 +95,7 @@ def test_the_bpe_merge_trap_is_real_in_this_vocabulary(bundles):
 
 # odd: portrait 1.55, 2 crops of 333x259; huge: 2 crops when on
 IMAGES = {
-    **STANDARD_IMAGES,
+    **cases.STANDARD_IMAGES,
     "exif6": (900, 300, "RGB", "JPEG", 6),  # stored 900x300, shown 300x900: 3 crops in a column
     "exif8": (96, 40, "RGB", "JPEG", 8),
     "rgba": (700, 280, "RGBA", "PNG", None),  # 2.5:1 -> 3 crops (half rounds up)
@@ -125,19 +105,19 @@ IMAGES = {
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
-    return write_images(tmp_path_factory.mktemp("gemma3_media"), IMAGES, video=True)
+def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
+    return cases.write_images(tmp_path_factory.mktemp("gemma3_media"), IMAGES, video=True)
 
 
-def _records(media: MediaFiles) -> list[dict]:
+def _records(media: cases.MediaFiles) -> list[dict]:
     """ShareGPT records: every image alone, then the combinations the issue asks for."""
     f = media.file
-    one = one_image_records(media, [*IMAGES, "huge"])
+    one = cases.one_image_records(media, [*IMAGES, "huge"])
     many = [
-        three_images_one_turn([f("odd"), f("exif6"), f("huge")]),
+        cases.three_images_one_turn([f("odd"), f("exif6"), f("huge")]),
         # a system prompt (the first user turn's prefix)
-        images_in_three_turns([f("rgba"), f("gray"), f("pas4")], system_turn="Look:"),
-        same_image_twice([f("tiny1"), f("ratio205"), f("tiny1")]),  # and the 1x1 beside the 205:1
+        cases.images_in_three_turns([f("rgba"), f("gray"), f("pas4")], system_turn="Look:"),
+        cases.same_image_twice([f("tiny1"), f("ratio205"), f("tiny1")]),  # and the 1x1 beside the 205:1
     ]
     return one + many
 
@@ -148,12 +128,14 @@ def test_sample_tokenizer_equals_the_processor(bundles, media, tmp_path, mode):
     tokenizer = SampleTokenizer(bundle)
     boi, eoi, soft = _ids(bundle, BOI, EOI, IMAGE_SOFT)
     records = _records(media)
-    _, spec = sharegpt_dataset(tmp_path, media.root, records)
+    _, spec = cases.sharegpt_dataset(tmp_path, media.root, records)
     tiles = []
     for record in records:
-        sample = assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
+        sample = cases.assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the replies and their <end_of_turn>\n (no {% generation %} in the template)
-        assert_loss_mask(bundle, sample, "".join(r + "<end_of_turn>\n" for r in replies(record)), (boi, eoi, soft))
+        cases.assert_loss_mask(
+            bundle, sample, "".join(r + "<end_of_turn>\n" for r in cases.replies(record)), (boi, eoi, soft)
+        )
         assert sample.input_ids.count(soft) == sum(c.num_tokens for _, c in sample.media)
         assert sample.input_ids.count(boi) == sum(c.num_tiles for _, c in sample.media)
         tiles.extend(count.num_tiles for _, count in sample.media)
@@ -164,19 +146,19 @@ def test_sample_tokenizer_equals_the_processor(bundles, media, tmp_path, mode):
 
 
 def test_video_is_an_unsupported_media_error(bundles):
-    err = assert_video_unsupported(find_counter("Gemma3Processor")(bundles["pan_and_scan_off"]))
+    err = cases.assert_video_unsupported(find_counter("Gemma3Processor")(bundles["pan_and_scan_off"]))
     assert "no video" in str(err)
 
 
 def test_stage_stores_the_processor_ids_and_error_rows(gemma_dir, bundles, media, tmp_path):
     """``prep tokenize`` on a small dataset, every sample verified by the stage against the processor too."""
-    records = _records(media)[-3:] + [exchange("<video>x", "y", videos=[VIDEO])]
-    run = run_stage(tmp_path, gemma_dir, media.root, records)
+    records = _records(media)[-3:] + [cases.exchange("<video>x", "y", videos=[cases.VIDEO])]
+    run = cases.run_stage(tmp_path, gemma_dir, media.root, records)
     assert [e["reason"] for e in run.errors] == ["unsupported_media"]
     assert len(run.rows) == len(records) - 1 and run.manifest.verify.checked == len(run.rows)
     assert run.manifest.processor.image_attention == "bidirectional"  # train refuses causal packing of it
     for row, conv in run.conversations(records):
-        assert row["input_ids"] == conversation_ids(bundles["pan_and_scan_off"], conv)
+        assert row["input_ids"] == cases.conversation_ids(bundles["pan_and_scan_off"], conv)
         assert [(m["num_tiles"], m["num_tokens"]) for m in row["media"]] == [(1, 256)] * len(conv.media)
 
 
@@ -184,7 +166,7 @@ def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..4000, plus the rule's edges: ratios near 1.2 and n + 0.5, sides near k x 256."""
     sizes = []
     for _ in range(n):
-        w, h = log_uniform_pair(rng, 4000)
+        w, h = cases.log_uniform_pair(rng, 4000)
         pick = rng.random()
         if pick < 0.15:  # aspect ratio at / around the activation threshold
             h = rng.randint(1, 2000)
@@ -195,7 +177,7 @@ def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
         elif pick < 0.45:  # long side near a multiple of the minimum crop
             w = 256 * rng.randint(1, 6) + rng.choice([-1, 0, 1])
             h = rng.randint(200, 600)
-        sizes.append(maybe_swapped(rng, w, h))
+        sizes.append(cases.maybe_swapped(rng, w, h))
     return sizes
 
 

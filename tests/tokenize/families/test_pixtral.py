@@ -32,29 +32,8 @@ from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.families.base import find_counter
 from prep.tokenize.families.pixtral import PixtralCounter
-from prep.tokenize.processor import ProcessorBundle, load_processor
-from tests.tokenize.families.cases import (
-    STANDARD_IMAGES,
-    VIDEO,
-    MediaFiles,
-    assert_ids_equal_processor,
-    assert_loss_mask,
-    assert_rejected_like_processor,
-    assert_video_unsupported,
-    conversation_ids,
-    exchange,
-    images_in_three_turns,
-    log_uniform_pair,
-    maybe_swapped,
-    one_image_records,
-    or_rejected,
-    replies,
-    run_stage,
-    same_image_twice,
-    sharegpt_dataset,
-    three_images_one_turn,
-    write_images,
-)
+from prep.tokenize.processor import ProcessorBundle
+from tests.tokenize.families import cases
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +44,7 @@ def pixtral_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def pixtral_bundles(pixtral_dirs: dict[str, Path]) -> dict[str, ProcessorBundle]:
-    return {name: load_processor(str(path)) for name, path in pixtral_dirs.items()}
+    return cases.load_bundles(pixtral_dirs)
 
 
 def test_load_processor_builds_the_real_processor_on_cpu(pixtral_bundles):
@@ -83,7 +62,7 @@ def test_load_processor_builds_the_real_processor_on_cpu(pixtral_bundles):
 
 
 IMAGES = {
-    **STANDARD_IMAGES,  # ratio205: > 200:1 (Qwen rejects it; Pixtral does not)
+    **cases.STANDARD_IMAGES,  # ratio205: > 200:1 (Qwen rejects it; Pixtral does not)
     "h1": (1000, 1, "RGB", "PNG", None),  # a 1-pixel side, not floored to 0
     "h3": (40, 3, "RGB", "PNG", None),  # 3 rows: looks like a channel axis to naive code
     "floor0": (3000, 1, "RGB", "PNG", None),  # ratio 2.9 (and 1.9): the short side floors to 0
@@ -92,18 +71,18 @@ MEDIA_IDS = (10, 12, 13)  # [IMG], [IMG_BREAK], [IMG_END]
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory: pytest.TempPathFactory) -> MediaFiles:
-    return write_images(tmp_path_factory.mktemp("pixtral_media"), IMAGES, video=True)
+def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
+    return cases.write_images(tmp_path_factory.mktemp("pixtral_media"), IMAGES, video=True)
 
 
-def _records(media: MediaFiles) -> list[dict]:
+def _records(media: cases.MediaFiles) -> list[dict]:
     """ShareGPT records: every image alone, then the combinations the issue asks for."""
     f = media.file
-    one = one_image_records(media, [n for n in [*IMAGES, "huge"] if n != "floor0"])
+    one = cases.one_image_records(media, [n for n in [*IMAGES, "huge"] if n != "floor0"])
     many = [
-        three_images_one_turn([f("odd"), f("exif6"), f("huge")]),
-        images_in_three_turns([f("rgba"), f("gray"), f("tall")]),
-        same_image_twice([f("tiny1"), f("ratio205"), f("tiny1")]),  # and the 1x1 beside the 205:1
+        cases.three_images_one_turn([f("odd"), f("exif6"), f("huge")]),
+        cases.images_in_three_turns([f("rgba"), f("gray"), f("tall")]),
+        cases.same_image_twice([f("tiny1"), f("ratio205"), f("tiny1")]),  # and the 1x1 beside the 205:1
     ]
     return one + many
 
@@ -112,42 +91,45 @@ def _records(media: MediaFiles) -> list[dict]:
 def test_sample_tokenizer_equals_the_processor(pixtral_bundles, media, tmp_path, checkpoint):
     bundle = pixtral_bundles[checkpoint]
     tokenizer = SampleTokenizer(bundle)
-    _, spec = sharegpt_dataset(tmp_path, media.root, _records(media))
+    _, spec = cases.sharegpt_dataset(tmp_path, media.root, _records(media))
     for record in _records(media):
-        sample = assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
+        sample = cases.assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the assistant replies and their </s>, nothing else
-        assert_loss_mask(bundle, sample, "".join(r + "</s>" for r in replies(record)), MEDIA_IDS)
+        cases.assert_loss_mask(bundle, sample, "".join(r + "</s>" for r in cases.replies(record)), MEDIA_IDS)
         assert sample.loss_mask[-1] == 1
 
 
 @pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
 def test_a_side_flooring_to_zero_is_an_error_like_the_processor(pixtral_bundles, media, tmp_path, checkpoint):
-    assert_rejected_like_processor(pixtral_bundles[checkpoint], tmp_path, media, "floor0")
+    cases.assert_rejected_like_processor(pixtral_bundles[checkpoint], tmp_path, media, "floor0")
 
 
 def test_video_is_an_unsupported_media_error(pixtral_bundles):
-    assert_video_unsupported(find_counter("PixtralProcessor")(pixtral_bundles["pixtral_12b"]))
+    cases.assert_video_unsupported(find_counter("PixtralProcessor")(pixtral_bundles["pixtral_12b"]))
 
 
 def test_stage_stores_the_processor_ids_and_error_rows(pixtral_dirs, pixtral_bundles, media, tmp_path):
     """``prep tokenize`` on a small dataset (mistral_small_3_1), every sample verified by the stage too."""
-    bad = [exchange("<image>x", "y", images=[media.file("floor0")]), exchange("<video>x", "y", videos=[VIDEO])]
+    bad = [
+        cases.exchange("<image>x", "y", images=[media.file("floor0")]),
+        cases.exchange("<video>x", "y", videos=[cases.VIDEO]),
+    ]
     records = _records(media) + bad
-    run = run_stage(tmp_path, pixtral_dirs["mistral_small_3_1"], media.root, records)
+    run = cases.run_stage(tmp_path, pixtral_dirs["mistral_small_3_1"], media.root, records)
     assert sorted(e["reason"] for e in run.errors) == ["processor_rejected", "unsupported_media"]
     assert len(run.rows) == len(records) - 2 and run.manifest.verify.checked == len(run.rows)
     for row, conv in run.conversations(records):
-        assert row["input_ids"] == conversation_ids(pixtral_bundles["mistral_small_3_1"], conv)
+        assert row["input_ids"] == cases.conversation_ids(pixtral_bundles["mistral_small_3_1"], conv)
 
 
 def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..5000 plus sides near the longest edge and multiples of the patch."""
     sizes = []
     for _ in range(n):
-        w, h = log_uniform_pair(rng, 5000)
+        w, h = cases.log_uniform_pair(rng, 5000)
         if rng.random() < 0.2:
             w = rng.choice([1024, 1025, 1540, 1541, 1536, 1008, 28 * rng.randint(1, 60), 16 * rng.randint(1, 70)])
-        sizes.append(maybe_swapped(rng, w, h))
+        sizes.append(cases.maybe_swapped(rng, w, h))
     return sizes
 
 
@@ -161,7 +143,7 @@ def test_property_grid_equals_the_image_processor(pixtral_bundles, checkpoint):
     for width, height in _property_sizes(random.Random(f"pixtral-{checkpoint}"), 500):
         image = Image.new("RGB", (width, height))
         call = partial(bundle.processor, text=["[IMG]"], images=[image], add_special_tokens=False, return_tensors="np")
-        out = or_rejected(call, counter, width, height)
+        out = cases.or_rejected(call, counter, width, height)
         if out is None:
             continue
         count = counter.count_image(width, height)
