@@ -64,6 +64,18 @@ STANDARD_IMAGES: dict[str, ImageSpec] = {
     "rgba": (200, 90, "RGBA", "PNG", None),
     "gray": (70, 130, "L", "PNG", None),
 }
+# Qwen-VL's smart_resize edges: exactly 200:1 is accepted, ratio205 (> 200:1) raises.
+QWEN_RULE_IMAGES: dict[str, ImageSpec] = {**STANDARD_IMAGES, "ratio200": (4000, 20, "RGB", "PNG", None)}
+# Sizes of write_noise_images' standard cases.
+NOISE_SIZES: dict[str, tuple[int, int]] = {
+    "tiny1": (1, 1),
+    "tiny10": (10, 10),
+    "wide": (3000, 16),
+    "tall": (16, 3000),
+    "extreme": (4100, 20),  # > 200:1
+    "odd": (333, 517),
+    "odd2": (1023, 767),
+}
 VIDEO = "clip.mp4"
 
 
@@ -168,6 +180,17 @@ def images_in_three_turns(
 def same_image_twice(files: list[str]) -> dict[str, Any]:
     """Three tags, the first and last image the same file."""
     return exchange("<image>1<image><image>", "Same.", images=files)
+
+
+def qwen_rule_records(media: MediaFiles) -> list[dict[str, Any]]:
+    """Every QWEN_RULE_IMAGES image but ratio205 alone, ``huge`` alone, three images in one turn,
+    three turns with ShareGPT's ``system``."""
+    f = media.file
+    one = one_image_records(media, [n for n in [*QWEN_RULE_IMAGES, "huge"] if n != "ratio205"])
+    three_turns = images_in_three_turns(
+        [f("rgba"), f("gray"), f("tall")], system_field="You are Qwen, a virtual human."
+    )
+    return [*one, three_images_one_turn([f("odd"), f("exif6"), f("exif8")]), three_turns]
 
 
 def replies(record: dict[str, Any]) -> list[str]:

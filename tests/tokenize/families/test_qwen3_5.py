@@ -56,7 +56,7 @@ def test_qwen3_5_loads_as_qwen3_vl_processor_with_its_own_tokenizer(bundle, q35_
     assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
 
 
-IMAGES = {**cases.STANDARD_IMAGES, "ratio200": (4000, 20, "RGB", "PNG", None)}  # exactly 200:1: accepted
+IMAGES = cases.QWEN_RULE_IMAGES
 REJECTED = "ratio205"  # > 200:1: smart_resize raises
 
 
@@ -66,17 +66,10 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
 
 
 def _records(media: cases.MediaFiles) -> list[dict]:
-    """ShareGPT records: every accepted image alone, then the combinations the issue asks for."""
-    one = cases.one_image_records(media, [n for n in [*IMAGES, "huge"] if n != REJECTED])
-    many = [
-        cases.three_images_one_turn([media.file("odd"), media.file("exif6"), media.file("exif8")]),
-        # combining marks (Qwen3.5's pre-tokenizer keeps them with letters) touching the tag
-        cases.exchange("nai\u0308ve<image>cafe\u0301 \u0301x", "Une cafe\u0301.", images=[media.file("odd2")]),
-        cases.images_in_three_turns(
-            [media.file("rgba"), media.file("gray"), media.file("tall")], system_field="You are Qwen, a virtual human."
-        ),
-    ]
-    return one + many
+    """ShareGPT records: the Qwen-rule cases, then combining marks (Qwen3.5's pre-tokenizer keeps them
+    with letters) touching the tag."""
+    marks = cases.exchange("nai\u0308ve<image>cafe\u0301 \u0301x", "Une cafe\u0301.", images=[media.file("odd2")])
+    return [*cases.qwen_rule_records(media), marks]
 
 
 def test_sample_tokenizer_equals_the_processor(bundle, media, tmp_path):

@@ -60,7 +60,7 @@ def test_load_processor_builds_the_real_processor_on_cpu(omni_bundles):
         assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
 
 
-IMAGES = {**cases.STANDARD_IMAGES, "ratio200": (4000, 20, "RGB", "PNG", None)}  # exactly 200:1: accepted
+IMAGES = cases.QWEN_RULE_IMAGES
 REJECTED = "ratio205"  # > 200:1: smart_resize raises
 
 
@@ -69,25 +69,13 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
     return cases.write_images(tmp_path_factory.mktemp("omni_media"), IMAGES, video=True)
 
 
-def _records(media: cases.MediaFiles) -> list[dict]:
-    """ShareGPT records: every accepted image alone, then the combinations the issue asks for."""
-    one = cases.one_image_records(media, [n for n in [*IMAGES, "huge"] if n != REJECTED])
-    many = [
-        cases.three_images_one_turn([media.file("odd"), media.file("exif6"), media.file("exif8")]),
-        cases.images_in_three_turns(
-            [media.file("rgba"), media.file("gray"), media.file("tall")], system_field="You are Qwen, a virtual human."
-        ),
-    ]
-    return one + many
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sample_tokenizer_equals_the_processor(omni_bundles, media, tmp_path, family):
     bundle = omni_bundles[family]
     tokenizer = SampleTokenizer(bundle)
     image_id = tokenizer.counter.image_token_id if tokenizer.counter else -1
-    _, spec = cases.sharegpt_dataset(tmp_path, media.root, _records(media))
-    for record in _records(media):
+    _, spec = cases.sharegpt_dataset(tmp_path, media.root, cases.qwen_rule_records(media))
+    for record in cases.qwen_rule_records(media):
         sample = cases.assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
         # loss mask: exactly the assistant replies and their <|im_end|>\n, nothing else
         cases.assert_loss_mask(bundle, sample, "".join(r + "<|im_end|>\n" for r in cases.replies(record)), {image_id})
@@ -107,7 +95,7 @@ def test_stage_stores_the_processor_ids_and_error_rows(omni_dirs, omni_bundles, 
         cases.exchange("<image>x", "y", images=[media.file(REJECTED)]),
         cases.exchange("<video>x", "y", videos=[cases.VIDEO]),
     ]
-    records = [r for r in _records(media) if media.file("huge") not in r["images"]][-4:] + bad
+    records = [r for r in cases.qwen_rule_records(media) if media.file("huge") not in r["images"]][-4:] + bad
     run = cases.run_stage(tmp_path, omni_dirs[family], media.root, records)
     if is_torchvision_available():  # the video is tokenized by the real processor
         assert [e["reason"] for e in run.errors] == ["processor_rejected"]
