@@ -71,13 +71,7 @@ def bundles(dirs: dict[str, Path]) -> dict[str, ProcessorBundle]:
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
     sizes = {
-        "tiny1": (1, 1),
-        "tiny10": (10, 10),
-        "wide": (3000, 16),
-        "tall": (16, 3000),
-        "extreme": (4100, 20),  # > 200:1
-        "odd": (333, 517),
-        "odd2": (1023, 767),
+        **cases.NOISE_SIZES,
         "one_px_past": (365, 729),  # sides one pixel past tile multiples
         "small": (300, 200),  # one tile without resizing
     }

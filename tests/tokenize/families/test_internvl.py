@@ -36,13 +36,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> ProcessorBundle:
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
     sizes = {
-        "tiny1": (1, 1),
-        "tiny10": (10, 10),
-        "wide": (3000, 16),
-        "tall": (16, 3000),
-        "extreme": (4100, 20),  # > 200:1 (Qwen would reject it; InternVL tiles it 12x1)
-        "odd": (333, 517),
-        "odd2": (1023, 767),
+        **cases.NOISE_SIZES,  # extreme: > 200:1 (Qwen would reject it; InternVL tiles it 12x1)
         "square_tie": (634, 634),  # 1x1 / 2x2 / 3x3 tie broken by area
     }
     return cases.write_noise_images(tmp_path_factory.mktemp("internvl_images"), sizes)
