@@ -14,6 +14,7 @@ Ids: 0..2999 BPE (256 byte symbols first), then ``SPECIAL_TOKENS`` in upstream o
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -107,6 +108,34 @@ def _corpus_lines(num_lines: int = 800, seed: int = 1234) -> list[str]:
         text = text[0].upper() + text[1:] + rng.choice((".", "?", "!", ":", ",", "...", "\n\n"))
         lines.append(text)
     return lines
+
+
+def train_byte_level_bpe(
+    split: str,
+    corpus: Iterable[str],
+    vocab_size: int,
+    special_tokens: Sequence[str] = (),
+    unk_token: str | None = None,
+) -> Tokenizer:
+    """A byte-level BPE pre-tokenized by the ``split`` regex (as GLM-4, Tekken and Llama 3 split),
+    trained on ``corpus``; ``special_tokens`` take ids 0.. Training is deterministic, so the example
+    families' processor directories are the same bytes on every build."""
+    tok = Tokenizer(models.BPE(unk_token=unk_token))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return tok
 
 
 @lru_cache(maxsize=1)

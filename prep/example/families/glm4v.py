@@ -27,10 +27,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-from tokenizers.trainers import BpeTrainer
+from tokenizers import AddedToken, Tokenizer
 
 from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.tokenizer import train_byte_level_bpe
 
 GLM_BASE_TOKENS = (
     "<|endoftext|>",
@@ -263,16 +263,7 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
 
 def build_glm_tokenizer(special_tokens: tuple[str, ...] = GLM41V_SPECIAL_TOKENS) -> Tokenizer:
     """Byte-level BPE (GLM-4 split) plus the GLM special tokens after its vocab."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(GLM_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(list(_CORPUS) * 10, trainer)
+    tok = train_byte_level_bpe(GLM_SPLIT, list(_CORPUS) * 10, vocab_size=600)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
     return tok
 

@@ -29,11 +29,10 @@ from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from tokenizers.trainers import BpeTrainer
+from tokenizers import AddedToken, Tokenizer, processors
 
 from prep.example.families.base import ExampleFamily, register_example_family
-from prep.example.tokenizer import _corpus_lines
+from prep.example.tokenizer import _corpus_lines, train_byte_level_bpe
 
 ROW_COL_TOKENS = tuple(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))
 IMAGE_TOKENS = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", *ROW_COL_TOKENS)
@@ -57,23 +56,9 @@ IDEFICS3_CHAT_TEMPLATE = "<|begin_of_text|>" + _TEMPLATE_BODY
 @lru_cache(maxsize=4)
 def _bpe_json(split: str, leading: tuple[str, ...]) -> str:
     """Byte-level BPE of ``split`` trained on the example corpus; ``leading`` specials take ids 0.."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=1500,
-        special_tokens=list(leading),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     # paragraphs: the real vocabularies have "\n\n" as one token, which the tile rows produce
-    tok.train_from_iterator([*_corpus_lines(400), *["Line one.\n\nLine two.\n"] * 50], trainer)
-    return tok.to_str()
+    corpus = [*_corpus_lines(400), *["Line one.\n\nLine two.\n"] * 50]
+    return train_byte_level_bpe(split, corpus, vocab_size=1500, special_tokens=leading).to_str()
 
 
 # checkpoint -> processor class, image settings (size, tile, image_seq_len), description

@@ -20,10 +20,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from tokenizers.trainers import BpeTrainer
+from tokenizers import processors
 
 from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.tokenizer import train_byte_level_bpe
 
 # The first 20 ids of the Mistral (tekken) vocabularies, in order.
 SPECIALS = (
@@ -142,21 +142,7 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
 def build_processor_dir(out: Path, checkpoint: str) -> Path:
     """Write the ``checkpoint`` (a key of ``CHECKPOINTS``) processor directory to ``out``."""
     patch, merge, longest_edge, template = CHECKPOINTS[checkpoint]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(TEKKEN_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=700,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS * 10, trainer)
+    tok = train_byte_level_bpe(TEKKEN_SPLIT, CORPUS * 10, vocab_size=700, special_tokens=SPECIALS, unk_token="<unk>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
