@@ -8,9 +8,11 @@ the image settings of a published checkpoint (named in ``description``). Familie
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,3 +48,8 @@ def example_family(name: str) -> ExampleFamily:
     if name not in _REGISTRY:
         raise ValueError(f"unknown example family {name!r}; choose one of {', '.join(names)}")
     return _REGISTRY[name]
+
+
+def write_json(path: Path, payload: dict[str, Any], *, ensure_ascii: bool = True) -> None:
+    """Indented, key-sorted JSON and a newline: a processor directory is the same bytes on every build."""
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=ensure_ascii) + "\n", "utf-8")

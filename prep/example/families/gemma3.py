@@ -26,7 +26,7 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 from tokenizers.trainers import BpeTrainer
 from transformers import GemmaTokenizer
 
-from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.families.base import ExampleFamily, register_example_family, write_json
 
 CHECKPOINT = "google/gemma-3-4b-it"
 BOI, EOI, IMAGE_SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
@@ -117,10 +117,6 @@ PREPROCESSOR_CONFIG: dict[str, Any] = {
 }
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
-
-
 def _gemma_pipeline(tok: Tokenizer) -> None:
     """``GemmaTokenizer.__init__``'s normalizer and (no-op) pre-tokenizer."""
     tok.normalizer = normalizers.Replace(" ", "▁")
@@ -158,8 +154,8 @@ def build_gemma3_processor_dir(out: Path) -> Path:
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in specials], special_tokens=True)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out))
-    _write_json(out / "preprocessor_config.json", PREPROCESSOR_CONFIG)
-    _write_json(out / "processor_config.json", {"image_seq_length": 256, "processor_class": "Gemma3Processor"})
+    write_json(out / "preprocessor_config.json", PREPROCESSOR_CONFIG)
+    write_json(out / "processor_config.json", {"image_seq_length": 256, "processor_class": "Gemma3Processor"})
     (out / "chat_template.jinja").write_text(GEMMA3_CHAT_TEMPLATE, "utf-8")
     return out
 

@@ -22,14 +22,12 @@ then ``<|image|>``, ``<|video|>`` (151343/151344) for GLM-4.1V, or the audio, co
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
-from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.families.base import ExampleFamily, register_example_family, write_json
 from prep.example.tokenizer import train_byte_level_bpe
 
 GLM_BASE_TOKENS = (
@@ -257,10 +255,6 @@ GLM_TOKENS_AND_TEMPLATE: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
-
-
 def build_glm_tokenizer(special_tokens: tuple[str, ...] = GLM41V_SPECIAL_TOKENS) -> Tokenizer:
     """Byte-level BPE (GLM-4 split) plus the GLM special tokens after its vocab."""
     tok = train_byte_level_bpe(GLM_SPLIT, list(_CORPUS) * 10, vocab_size=600)
@@ -274,7 +268,7 @@ def build_glm4v_dir(out: Path, checkpoint: str = "glm4_1v") -> Path:
     special_tokens, template = GLM_TOKENS_AND_TEMPLATE[checkpoint]
     out.mkdir(parents=True, exist_ok=True)
     build_glm_tokenizer(special_tokens).save(str(out / "tokenizer.json"))
-    _write_json(
+    write_json(
         out / "tokenizer_config.json",
         {
             "tokenizer_class": "TokenizersBackend",
@@ -295,18 +289,18 @@ def build_glm4v_dir(out: Path, checkpoint: str = "glm4_1v") -> Path:
         "processor_class": processor_class,
     }
     image = {"size": {"shortest_edge": 12544, "longest_edge": 9633792}, "image_processor_type": image_type}
-    _write_json(out / "preprocessor_config.json", {**common, **image})
+    write_json(out / "preprocessor_config.json", {**common, **image})
     video = {
         "size": {"shortest_edge": 12544, "longest_edge": 47040000},
         "fps": 2,
         "do_sample_frames": True,
         "video_processor_type": video_type,
     }
-    _write_json(out / "video_preprocessor_config.json", {**common, **video})
-    _write_json(out / "processor_config.json", {"processor_class": processor_class})
+    write_json(out / "video_preprocessor_config.json", {**common, **video})
+    write_json(out / "processor_config.json", {"processor_class": processor_class})
     model_type = "glm4v" if checkpoint == "glm4_1v" else "glm46v"
     architecture = "Glm4vForConditionalGeneration" if checkpoint == "glm4_1v" else "Glm46VForConditionalGeneration"
-    _write_json(out / "config.json", {"architectures": [architecture], "model_type": model_type})
+    write_json(out / "config.json", {"architectures": [architecture], "model_type": model_type})
     return out
 
 

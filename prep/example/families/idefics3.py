@@ -24,14 +24,13 @@ content must be a list of parts: a plain-string content renders empty in this te
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, processors
 
-from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.families.base import ExampleFamily, register_example_family, write_json
 from prep.example.tokenizer import _corpus_lines, train_byte_level_bpe
 
 ROW_COL_TOKENS = tuple(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))
@@ -67,10 +66,6 @@ CHECKPOINTS: dict[str, tuple[str, int, int, int, str]] = {
     "smolvlm": ("Idefics3Processor", 2048, 512, 64, "HuggingFaceTB/SmolVLM-256M-Instruct"),
     "smolvlm2": ("SmolVLMProcessor", 1536, 384, 81, "HuggingFaceTB/SmolVLM2-2.2B-Instruct"),
 }
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
 
 
 def _tokenizer(checkpoint: str) -> tuple[Tokenizer, dict[str, Any]]:
@@ -113,7 +108,7 @@ def build_idefics3_dir(out: Path, checkpoint: str = "idefics3") -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tok, config = _tokenizer(checkpoint)
     tok.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", config)
+    write_json(out / "tokenizer_config.json", config)
     template = IDEFICS3_CHAT_TEMPLATE if checkpoint == "idefics3" else SMOLVLM_CHAT_TEMPLATE
     (out / "chat_template.jinja").write_text(template, "utf-8")
     image_type = "SmolVLMImageProcessor" if processor_class == "SmolVLMProcessor" else "Idefics3ImageProcessor"
@@ -133,7 +128,7 @@ def build_idefics3_dir(out: Path, checkpoint: str = "idefics3") -> Path:
         "rescale_factor": 1 / 255,
         "size": {"longest_edge": longest_edge},
     }
-    _write_json(out / "preprocessor_config.json", image)
+    write_json(out / "preprocessor_config.json", image)
     if processor_class == "SmolVLMProcessor":
         video = {
             **image,
@@ -145,11 +140,11 @@ def build_idefics3_dir(out: Path, checkpoint: str = "idefics3") -> Path:
             "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": tile}},
         }
         video.pop("image_processor_type")
-        _write_json(out / "video_preprocessor_config.json", video)
-    _write_json(out / "processor_config.json", {"image_seq_len": seq_len, "processor_class": processor_class})
+        write_json(out / "video_preprocessor_config.json", video)
+    write_json(out / "processor_config.json", {"image_seq_len": seq_len, "processor_class": processor_class})
     model_type = "smolvlm" if processor_class == "SmolVLMProcessor" else "idefics3"
     architecture = "SmolVLMForConditionalGeneration" if model_type == "smolvlm" else "Idefics3ForConditionalGeneration"
-    _write_json(out / "config.json", {"architectures": [architecture], "model_type": model_type})
+    write_json(out / "config.json", {"architectures": [architecture], "model_type": model_type})
     return out
 
 

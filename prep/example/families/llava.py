@@ -26,14 +26,12 @@ transformers' conversion script and the checkpoint's image / processor settings:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from tokenizers.trainers import BpeTrainer
 
-from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.families.base import ExampleFamily, register_example_family, write_json
 from prep.example.tokenizer import build_tokenizer, tokenizer_config
 
 # transformers/models/llava_onevision/convert_llava_onevision_weights_to_hf.py `chat_template`, verbatim.
@@ -77,10 +75,6 @@ _CORPUS = (
 )
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
-
-
 def build_onevision_dir(out: Path) -> Path:
     """llava-hf/llava-onevision-qwen2-0.5b-ov-hf settings (module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -92,9 +86,9 @@ def build_onevision_dir(out: Path) -> Path:
     for key in ("vision_start_token", "vision_end_token"):
         config.pop(key)
     config.update(image_token="<image>", video_token="<video>", model_max_length=32768)
-    _write_json(out / "tokenizer_config.json", config)
+    write_json(out / "tokenizer_config.json", config)
     (out / "chat_template.jinja").write_text(ONEVISION_CHAT_TEMPLATE, "utf-8")
-    _write_json(
+    write_json(
         out / "preprocessor_config.json",
         {
             "crop_size": None,
@@ -114,7 +108,7 @@ def build_onevision_dir(out: Path) -> Path:
             "size": {"height": 384, "width": 384},
         },
     )
-    _write_json(
+    write_json(
         out / "processor_config.json",
         {
             "image_token": "<image>",
@@ -125,7 +119,7 @@ def build_onevision_dir(out: Path) -> Path:
             "vision_feature_select_strategy": "full",
         },
     )
-    _write_json(
+    write_json(
         out / "config.json",
         {
             "architectures": ["LlavaOnevisionForConditionalGeneration"],
@@ -161,7 +155,7 @@ def build_next_dir(out: Path) -> Path:
     first_added = tokenizer.get_vocab_size(with_added_tokens=True)
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<image>", "<pad>")])
     (out / "tokenizer.json").write_text(tokenizer.to_str(), "utf-8")
-    _write_json(
+    write_json(
         out / "tokenizer_config.json",
         {
             "add_bos_token": True,
@@ -179,7 +173,7 @@ def build_next_dir(out: Path) -> Path:
         },
     )
     (out / "chat_template.jinja").write_text(NEXT_MISTRAL_CHAT_TEMPLATE, "utf-8")
-    _write_json(
+    write_json(
         out / "preprocessor_config.json",
         {
             "aspect_ratio_setting": "anyres",
@@ -200,7 +194,7 @@ def build_next_dir(out: Path) -> Path:
             "size": {"shortest_edge": 336},
         },
     )
-    _write_json(
+    write_json(
         out / "processor_config.json",
         {
             "image_token": "<image>",
@@ -210,7 +204,7 @@ def build_next_dir(out: Path) -> Path:
             "vision_feature_select_strategy": "default",
         },
     )
-    _write_json(
+    write_json(
         out / "config.json",
         {
             "architectures": ["LlavaNextForConditionalGeneration"],

@@ -15,14 +15,13 @@ ids (``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, ``[INST]`` 3, ``[/INST]`` 4, ``[IMG]`` 
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tokenizers import processors
 
-from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.families.base import ExampleFamily, register_example_family, write_json
 from prep.example.tokenizer import train_byte_level_bpe
 
 # The first 20 ids of the Mistral (tekken) vocabularies, in order.
@@ -135,10 +134,6 @@ CHECKPOINTS = {
 }
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", "utf-8")
-
-
 def build_processor_dir(out: Path, checkpoint: str) -> Path:
     """Write the ``checkpoint`` (a key of ``CHECKPOINTS``) processor directory to ``out``."""
     patch, merge, longest_edge, template = CHECKPOINTS[checkpoint]
@@ -147,8 +142,8 @@ def build_processor_dir(out: Path, checkpoint: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     tokenizer_config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
-    _write_json(out / "tokenizer_config.json", {"tokenizer_class": "TokenizersBackend", **tokenizer_config})
-    _write_json(
+    write_json(out / "tokenizer_config.json", {"tokenizer_class": "TokenizersBackend", **tokenizer_config})
+    write_json(
         out / "preprocessor_config.json",
         {
             "do_convert_rgb": True,
@@ -174,7 +169,7 @@ def build_processor_dir(out: Path, checkpoint: str) -> Path:
     }
     if merge != 1:
         processor_config["spatial_merge_size"] = merge
-    _write_json(out / "processor_config.json", processor_config)
+    write_json(out / "processor_config.json", processor_config)
     (out / "chat_template.jinja").write_text(template, "utf-8")
     return out
 

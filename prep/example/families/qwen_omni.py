@@ -23,7 +23,6 @@ Neither checkpoint ships a video_preprocessor_config.json, so none is written.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
-from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.families.base import ExampleFamily, register_example_family, write_json
 from prep.example.templates import CHAT_TEMPLATES
 from prep.example.tokenizer import QWEN3_EXTRA_TOKENS, SPECIAL_TOKENS, _trained_bpe_json
 
@@ -152,10 +151,6 @@ CHECKPOINTS = {
 }
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n", "utf-8")
-
-
 def _tokenizer(spec: OmniCheckpoint) -> Tokenizer:
     tokenizer = Tokenizer.from_str(_trained_bpe_json())
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.specials])
@@ -170,7 +165,7 @@ def build_processor_dir(out_dir: Path, family: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer(spec)
     (out_dir / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", "utf-8")
-    _write_json(
+    write_json(
         out_dir / "tokenizer_config.json",
         {
             "add_bos_token": False,
@@ -189,7 +184,7 @@ def build_processor_dir(out_dir: Path, family: str) -> Path:
         },
     )
     (out_dir / "chat_template.jinja").write_text(spec.template or qwen3_omni_template(), "utf-8")
-    _write_json(
+    write_json(
         out_dir / "preprocessor_config.json",
         {
             **WHISPER_FEATURES,
