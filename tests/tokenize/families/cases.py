@@ -405,6 +405,14 @@ def assert_refuses_other_image_processor(counter_cls: Any, bundle: ProcessorBund
         counter_cls.from_processor(replace(bundle, image_processor=Qwen2VLImageProcessorPil()))
 
 
+def assert_no_processor_image_kwargs(bundle: ProcessorBundle) -> None:
+    """The processor adds no images_kwargs of its own (``ProcessorMixin._merge_kwargs``): the image
+    processor's settings rule, which is what the counter reads."""
+    processor: Any = bundle.processor
+    merged = processor._merge_kwargs(processor.valid_processor_kwargs)["images_kwargs"]
+    assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
+
+
 # --- property tests ------------------------------------------------------------------------------
 
 

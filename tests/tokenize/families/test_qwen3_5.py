@@ -52,17 +52,15 @@ def test_qwen3_5_loads_as_qwen3_vl_processor_with_its_own_tokenizer(bundle, q35_
     assert (counter.image.patch_size, counter.image.merge_size) == (16, 2)
     assert (counter.image.min_pixels, counter.image.max_pixels) == (65536, 16777216)
     assert counter.image_token_id == bundle.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    merged = bundle.processor._merge_kwargs(bundle.processor.valid_processor_kwargs)["images_kwargs"]
-    assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
+    cases.assert_no_processor_image_kwargs(bundle)
 
 
-IMAGES = cases.QWEN_RULE_IMAGES
 REJECTED = "ratio205"  # > 200:1: smart_resize raises
 
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
-    return cases.write_images(tmp_path_factory.mktemp("qwen3_5_media"), IMAGES)
+    return cases.write_images(tmp_path_factory.mktemp("qwen3_5_media"), cases.QWEN_RULE_IMAGES)
 
 
 def _records(media: cases.MediaFiles) -> list[dict]:

@@ -55,18 +55,15 @@ def test_load_processor_builds_the_real_processor_on_cpu(omni_bundles):
         image_token = spec.named["image_token"]
         assert counter.image_token_id == bundle.tokenizer.convert_tokens_to_ids(image_token)
         assert bundle.processor.image_token == image_token
-        # the processor adds no images_kwargs of its own: the image processor's settings rule
-        merged = bundle.processor._merge_kwargs(bundle.processor.valid_processor_kwargs)["images_kwargs"]
-        assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
+        cases.assert_no_processor_image_kwargs(bundle)
 
 
-IMAGES = cases.QWEN_RULE_IMAGES
 REJECTED = "ratio205"  # > 200:1: smart_resize raises
 
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory: pytest.TempPathFactory) -> cases.MediaFiles:
-    return cases.write_images(tmp_path_factory.mktemp("omni_media"), IMAGES, video=True)
+    return cases.write_images(tmp_path_factory.mktemp("omni_media"), cases.QWEN_RULE_IMAGES, video=True)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
