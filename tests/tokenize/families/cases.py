@@ -437,6 +437,23 @@ def or_rejected(call: Callable[[], T], counter: Any, width: int, height: int) ->
         return None
 
 
+def qwen_rule_sizes(rng: random.Random, n: int, factors: Sequence[int]) -> list[tuple[int, int]]:
+    """Log-uniform sides 1..1200, sides near multiples of a factor (patch x merge), ratios near 200:1.
+    (One factor is used without drawing, so a seed gives the same sizes it always gave.)"""
+    sizes = []
+    for _ in range(n):
+        w, h = log_uniform_pair(rng, 1200)
+        pick = rng.random()
+        if pick < 0.15:
+            factor = factors[0] if len(factors) == 1 else rng.choice(factors)
+            w = factor * rng.randint(1, 30) + rng.choice([-1, 0, 1])
+        elif pick < 0.25:
+            h = rng.randint(1, 6)
+            w = h * 200 + rng.choice([-1, 0, 1, 2])
+        sizes.append(maybe_swapped(rng, w, h))
+    return sizes
+
+
 def assert_qwen_grid_equals_image_processor(
     bundle: ProcessorBundle, counter: Any, sizes: list[tuple[int, int]]
 ) -> None:

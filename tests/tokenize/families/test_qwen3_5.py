@@ -97,22 +97,9 @@ def test_stage_stores_the_processor_ids(q35_dir, bundle, media, tmp_path):
         assert row["input_ids"] == cases.conversation_ids(bundle, conv)
 
 
-def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
-    """Log-uniform sides 1..1200, sides near multiples of 32, and ratios near 200:1."""
-    sizes = []
-    for _ in range(n):
-        w, h = cases.log_uniform_pair(rng, 1200)
-        pick = rng.random()
-        if pick < 0.15:
-            w = 32 * rng.randint(1, 30) + rng.choice([-1, 0, 1])
-        elif pick < 0.25:
-            h = rng.randint(1, 6)
-            w = h * 200 + rng.choice([-1, 0, 1, 2])
-        sizes.append(cases.maybe_swapped(rng, w, h))
-    return sizes
-
-
 def test_property_grid_equals_the_image_processor(bundle):
     """500 random (width, height): the grid and token count equal the real image processor's."""
     counter = Qwen3VLCounter.from_processor(bundle)
-    cases.assert_qwen_grid_equals_image_processor(bundle, counter, _property_sizes(random.Random("qwen3_5"), 500))
+    cases.assert_qwen_grid_equals_image_processor(
+        bundle, counter, cases.qwen_rule_sizes(random.Random("qwen3_5"), 500, [32])
+    )

@@ -106,25 +106,10 @@ def test_stage_stores_the_processor_ids_and_error_rows(omni_dirs, omni_bundles, 
             assert row["input_ids"] == cases.conversation_ids(omni_bundles[family], conv)
 
 
-def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
-    """Log-uniform sides 1..1200, sides near multiples of the factor, and ratios near 200:1."""
-    sizes = []
-    for _ in range(n):
-        w, h = cases.log_uniform_pair(rng, 1200)
-        pick = rng.random()
-        if pick < 0.15:
-            w = rng.choice([14, 16, 28, 32]) * rng.randint(1, 30) + rng.choice([-1, 0, 1])
-        elif pick < 0.25:
-            h = rng.randint(1, 6)
-            w = h * 200 + rng.choice([-1, 0, 1, 2])
-        sizes.append(cases.maybe_swapped(rng, w, h))
-    return sizes
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_property_grid_equals_the_image_processor(omni_bundles, family):
     """500 random (width, height): the grid and token count equal the real image processor's."""
     bundle = omni_bundles[family]
     counter = QwenOmniCounter.from_processor(bundle)
-    sizes = _property_sizes(random.Random(f"omni-{family}"), 500)
+    sizes = cases.qwen_rule_sizes(random.Random(f"omni-{family}"), 500, [14, 16, 28, 32])
     cases.assert_qwen_grid_equals_image_processor(bundle, counter, sizes)
