@@ -14,7 +14,7 @@ import pytest
 from prep.sources.conversation import Conversation
 from prep.sources.errors import RecordError
 from prep.sources.formats.base import reader_for
-from prep.sources.formats.sharegpt import ShareGPTReader
+from prep.sources.formats.sharegpt import to_conversation
 from prep.sources.records import plan_chunks
 from schemas.dataset_config import ConfigError, DatasetSpec, load_dataset_config
 from schemas.media_ref import MediaRef
@@ -57,7 +57,7 @@ def test_every_record_carries_its_file_line_and_outcome(tmp_path):
     ]
     spec = _spec(tmp_path, lines)
     records = _read(spec)
-    assert isinstance(reader_for(spec), ShareGPTReader)
+    assert reader_for(spec).convert is to_conversation
     assert [r.line for r in records] == list(range(len(lines)))
     assert {r.source for r in records} == {str(tmp_path / "d.jsonl")}
     reasons = [r.parsed.reason if isinstance(r.parsed, RecordError) else None for r in records]

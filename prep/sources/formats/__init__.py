@@ -1,7 +1,7 @@
 """One reader module per input format (the dataset spec's ``formatting``).
 
 Importing the package imports every module in it, so each reader registers itself
-(:func:`prep.sources.formats.base.register_reader`); adding a format is adding a module.
+(:func:`prep.sources.formats.base.register_format`); adding a format is adding a module.
 """
 
 from __future__ import annotations

@@ -16,29 +16,15 @@ Example: ``{"instruction": "<image>What is it?", "input": "Be brief.", "output":
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from prep.sources.conversation import Conversation, Message
 from prep.sources.errors import RecordError
-from prep.sources.formats.base import SourceRecord, read_records, register_reader
+from prep.sources.formats.base import register_format
 from prep.sources.formats.content import MediaCursor, media_list
 from prep.sources.formats.tools import parse_tools
-from prep.sources.records import Chunk
 from schemas.dataset_config import DatasetSpec
 from schemas.reasons import Reason
-
-
-@register_reader("alpaca")
-@dataclass(frozen=True, slots=True)
-class AlpacaReader:
-    """Reads alpaca records of one dataset spec."""
-
-    spec: DatasetSpec
-
-    def read(self, chunk: Chunk) -> Iterator[SourceRecord]:
-        return read_records(chunk, lambda record: to_conversation(record, self.spec))
 
 
 def to_conversation(record: object, spec: DatasetSpec) -> Conversation:
@@ -91,3 +77,6 @@ def _history(record: dict[str, Any], column: str | None) -> list[tuple[str, str]
     ):
         raise RecordError(Reason.BAD_RECORD, f"column {column!r} must be a list of [prompt, response] text pairs")
     return [(p[0], p[1]) for p in pairs]
+
+
+register_format("alpaca", to_conversation)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from prep.sources.conversation import Conversation
 from prep.sources.errors import RecordError
@@ -38,6 +38,20 @@ class RecordReader(Protocol):
         ...
 
 
+Converter = Callable[[object, DatasetSpec], Conversation]  # one decoded record -> a conversation
+
+
+@dataclass(frozen=True, slots=True)
+class ConvertingReader:
+    """The reader of a record format: every record of a chunk through the format's converter."""
+
+    spec: DatasetSpec
+    convert: Converter
+
+    def read(self, chunk: Chunk) -> Iterator[SourceRecord]:
+        return read_records(chunk, lambda record: self.convert(record, self.spec))
+
+
 def read_records(chunk: Chunk, convert: Callable[[object], Conversation]) -> Iterator[SourceRecord]:
     """The chunk's used records, each converted; a record the converter refuses carries its error."""
     for raw in read_chunk(chunk):
@@ -48,26 +62,19 @@ def read_records(chunk: Chunk, convert: Callable[[object], Conversation]) -> Ite
         yield SourceRecord(source=chunk.source, line=raw.line, copies=raw.copies, parsed=parsed)
 
 
-ReaderFactory = Callable[[DatasetSpec], RecordReader]
-R = TypeVar("R", bound=ReaderFactory)
-_REGISTRY: dict[str, ReaderFactory] = {}
+_REGISTRY: dict[str, Converter] = {}
 
 
-def register_reader(formatting: str) -> Callable[[R], R]:
-    """Class decorator: the reader serves datasets whose spec has this ``formatting``."""
-
-    def wrap(factory: R) -> R:
-        _REGISTRY[formatting] = factory
-        return factory
-
-    return wrap
+def register_format(formatting: str, convert: Converter) -> None:
+    """Datasets whose spec has this ``formatting`` are read with ``convert``."""
+    _REGISTRY[formatting] = convert
 
 
 def reader_for(spec: DatasetSpec) -> RecordReader:
     """The reader of the spec's ``formatting``, built for that spec."""
-    factory = _REGISTRY.get(spec.formatting)
-    if factory is None:
+    convert = _REGISTRY.get(spec.formatting)
+    if convert is None:
         raise ConfigError(
             f"dataset {spec.name!r}: formatting {spec.formatting!r} has no reader; known: {sorted(_REGISTRY)}"
         )
-    return factory(spec)
+    return ConvertingReader(spec, convert)

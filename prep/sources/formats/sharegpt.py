@@ -18,16 +18,13 @@ Example: ``{"conversations": [{"from": "human", "value": "<image>Describe."}, {"
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from prep.sources.conversation import Conversation, Message
 from prep.sources.errors import RecordError
-from prep.sources.formats.base import SourceRecord, read_records, register_reader
+from prep.sources.formats.base import register_format
 from prep.sources.formats.content import MediaCursor, media_list
 from prep.sources.formats.tools import assistant_tool_calls, function_call_message, parse_tools
-from prep.sources.records import Chunk
 from schemas.dataset_config import DatasetSpec
 from schemas.reasons import Reason
 
@@ -42,17 +39,6 @@ KNOWN_ROLES = {
     "function_call": "function_call",
 }
 OTHER_TURNS_COLUMN = {"conversations": "messages", "messages": "conversations"}
-
-
-@register_reader("sharegpt")
-@dataclass(frozen=True, slots=True)
-class ShareGPTReader:
-    """Reads ShareGPT records of one dataset spec."""
-
-    spec: DatasetSpec
-
-    def read(self, chunk: Chunk) -> Iterator[SourceRecord]:
-        return read_records(chunk, lambda record: to_conversation(record, self.spec))
 
 
 def to_conversation(record: object, spec: DatasetSpec) -> Conversation:
@@ -121,3 +107,6 @@ def _message(role: str, content: object, turn: dict[str, Any], cursor: MediaCurs
     if content is None:
         raise RecordError(Reason.BAD_RECORD, f"a {role} turn has no content")
     return {"role": role, "content": cursor.content(role, content)}
+
+
+register_format("sharegpt", to_conversation)

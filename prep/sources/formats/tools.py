@@ -29,17 +29,21 @@ from schemas.reasons import Reason
 Tool = dict[str, Any]
 
 
-def parse_tools(value: object) -> list[Tool] | None:
-    """The ``tools`` column: a JSON string, a list or one object; empty means no tools."""
-    if value is None or value == "" or value == []:
-        return None
+def _as_list(value: object, what: str) -> object:
+    """LLaMA-Factory stores tools and calls as JSON text: parse it; one object is a list of one."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise RecordError(Reason.BAD_RECORD, f"tools column is not valid JSON: {exc}") from exc
-    if isinstance(value, dict):
-        value = [value]
+            raise RecordError(Reason.BAD_RECORD, f"{what} is not valid JSON: {exc}") from exc
+    return [value] if isinstance(value, dict) else value
+
+
+def parse_tools(value: object) -> list[Tool] | None:
+    """The ``tools`` column: a JSON string, a list or one object; empty means no tools."""
+    if value is None or value == "" or value == []:
+        return None
+    value = _as_list(value, "tools column")
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise RecordError(Reason.BAD_RECORD, "tools must be a list of function definitions (JSON objects)")
     return [t if t.get("type") == "function" else {"type": "function", "function": t} for t in value] or None
@@ -47,14 +51,7 @@ def parse_tools(value: object) -> list[Tool] | None:
 
 def function_call_message(content: object) -> dict[str, Any]:
     """A ``function_call`` turn as an assistant message carrying ``tool_calls``."""
-    calls: object = content
-    if isinstance(content, str):
-        try:
-            calls = json.loads(content)
-        except json.JSONDecodeError as exc:
-            raise RecordError(Reason.BAD_RECORD, f"function_call turn is not valid JSON: {exc}") from exc
-    if isinstance(calls, dict):
-        calls = [calls]
+    calls = _as_list(content, "function_call turn")
     if not isinstance(calls, list) or not calls:
         raise RecordError(Reason.BAD_RECORD, "function_call turn must hold a call or a list of calls")
     return {"role": "assistant", "content": "", "tool_calls": [_tool_call(c) for c in calls]}

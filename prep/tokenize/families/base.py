@@ -78,8 +78,7 @@ class CounterClass(Protocol):
 
 
 C = TypeVar("C", bound=CounterClass)
-_REGISTRY: dict[str, CounterFactory] = {}
-_CLASSES: dict[str, type] = {}
+_REGISTRY: dict[str, CounterClass] = {}  # processor class name -> counter class
 
 
 def register_counter(*processor_classes: str) -> Callable[[C], C]:
@@ -87,8 +86,7 @@ def register_counter(*processor_classes: str) -> Callable[[C], C]:
 
     def wrap(cls: C) -> C:
         for name in processor_classes:
-            _REGISTRY[name] = cls.from_processor
-            _CLASSES[name] = cls  # type: ignore[assignment]
+            _REGISTRY[name] = cls
         return cls
 
     return wrap
@@ -107,10 +105,11 @@ def image_attention(counter: object) -> str:
 
 def counter_image_attention(processor_class: str) -> str:
     """``image_attention`` of the counter serving ``processor_class`` ("causal" without one)."""
-    cls = _CLASSES.get(processor_class)
+    cls = _REGISTRY.get(processor_class)
     return "causal" if cls is None else image_attention(cls)
 
 
 def find_counter(processor_class: str) -> CounterFactory | None:
     """The registered counter factory for a processor class, or None (use the processor)."""
-    return _REGISTRY.get(processor_class)
+    cls = _REGISTRY.get(processor_class)
+    return None if cls is None else cls.from_processor

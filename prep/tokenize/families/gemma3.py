@@ -33,11 +33,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import transformers
-
 from prep.sources.media import VideoMeta
 from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import MediaCount, register_counter
+from prep.tokenize.families.settings import effective_image_settings
 from prep.tokenize.processor import ProcessorBundle, ProcessorLoadError
 from schemas.dataset_config import VideoSampling
 from schemas.reasons import Reason
@@ -84,22 +83,8 @@ class PanAndScan:
         return min(self.max_num_crops, max(2, n))
 
 
-def _effective_images_kwargs(bundle: ProcessorBundle) -> dict[str, Any]:
-    """What the processor passes to the image processor (class ``images_kwargs`` over the file)."""
-    processor = bundle.processor
-    if processor is not None:
-        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
-        kwargs = dict(merged["images_kwargs"])
-    else:
-        kwargs = dict(getattr(getattr(transformers, bundle.processor_class, None), "images_kwargs", None) or {})
-    ip = bundle.image_processor
-    return {
-        k: getattr(ip, k, None) if kwargs.get(k) is None else kwargs[k] for k in ("do_pan_and_scan", *PAN_AND_SCAN_KEYS)
-    }
-
-
 def _pan_and_scan(bundle: ProcessorBundle) -> PanAndScan | None:
-    kwargs = _effective_images_kwargs(bundle)
+    kwargs = effective_image_settings(bundle, ("do_pan_and_scan", *PAN_AND_SCAN_KEYS))
     if not kwargs["do_pan_and_scan"]:
         return None
     missing = [k for k in PAN_AND_SCAN_KEYS if kwargs[k] is None]

@@ -44,6 +44,7 @@ from transformers.models.glm46v.image_processing_pil_glm46v import smart_resize 
 
 from prep.sources.media import VideoMeta
 from prep.tokenize.families.base import MediaCount, MediaRejected, register_counter
+from prep.tokenize.families.settings import effective_image_settings
 from prep.tokenize.processor import ProcessorBundle, ProcessorLoadError
 from schemas.dataset_config import VideoSampling
 
@@ -54,15 +55,6 @@ SMART_RESIZE: dict[str, SmartResize] = {
     "Glm46VProcessor": glm46v_smart_resize,
 }
 IMAGE_PROCESSORS = ("Glm4vImageProcessor", "Glm46VImageProcessor")
-
-
-def _effective_images_kwargs(bundle: ProcessorBundle) -> dict[str, Any]:
-    """``ProcessorMixin._merge_kwargs``: what the processor passes to the image processor."""
-    processor = bundle.processor
-    if processor is None:
-        return {}
-    merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
-    return {k: v for k, v in merged["images_kwargs"].items() if v is not None}
 
 
 def _pixel_limits(size: Any) -> tuple[int, int]:
@@ -95,14 +87,14 @@ class Glm4vCounter:
                 f"{bundle.source}: {bundle.processor_class} with {type(ip).__name__}; the closed form knows only "
                 f"{' / '.join(IMAGE_PROCESSORS)} resizing"
             )
-        kwargs = _effective_images_kwargs(bundle)
-        min_pixels, max_pixels = _pixel_limits(kwargs.get("size", ip.size))
+        kwargs = effective_image_settings(bundle, ("size", "patch_size", "temporal_patch_size", "merge_size"))
+        min_pixels, max_pixels = _pixel_limits(kwargs["size"])
         return cls(
             image_token_id=bundle.token_id("<|image|>", "image_token"),
             video_token_id=bundle.token_id("<|video|>", "video_token"),
-            patch_size=int(kwargs.get("patch_size", ip.patch_size)),
-            temporal_patch_size=int(kwargs.get("temporal_patch_size", ip.temporal_patch_size)),
-            merge_size=int(kwargs.get("merge_size", ip.merge_size)),
+            patch_size=int(kwargs["patch_size"]),
+            temporal_patch_size=int(kwargs["temporal_patch_size"]),
+            merge_size=int(kwargs["merge_size"]),
             min_pixels=min_pixels,
             max_pixels=max_pixels,
             smart_resize=SMART_RESIZE[bundle.processor_class],

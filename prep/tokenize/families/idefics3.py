@@ -49,10 +49,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import transformers
-
 from prep.sources.media import VideoMeta
 from prep.tokenize.families.base import MediaCount, MediaRejected, register_counter
+from prep.tokenize.families.settings import effective_image_settings
 from prep.tokenize.processor import ProcessorBundle, ProcessorLoadError
 from schemas.dataset_config import VideoSampling
 
@@ -133,11 +132,11 @@ class Idefics3Counter:
                 f"{bundle.source}: {bundle.processor_class} with {type(ip).__name__}; the closed form knows only "
                 "the Idefics3 / SmolVLM image processors' tiling"
             )
-        kwargs = {k: v for k, v in _effective_images_kwargs(bundle).items() if v is not None}
-        size = kwargs.get("size", ip.size)
+        kwargs = effective_image_settings(bundle, ("size", "max_image_size", "do_resize", "do_image_splitting"))
+        size = kwargs["size"]
         longest = size.get("longest_edge") if isinstance(size, dict) else getattr(size, "longest_edge", None)
-        tile = kwargs.get("max_image_size", ip.max_image_size)["longest_edge"]
-        do_resize = bool(kwargs.get("do_resize", ip.do_resize))
+        tile = kwargs["max_image_size"]["longest_edge"]
+        do_resize = bool(kwargs["do_resize"])
         if do_resize and not longest:
             raise ProcessorLoadError(f"{bundle.source}: image size {size!r} has no longest_edge")
         fake = _token(processor, tokenizer, "fake_image_token", "<fake_token_around_image>")
@@ -158,7 +157,7 @@ class Idefics3Counter:
             image_seq_len=int(seq_len),
             do_resize=do_resize,
             longest_edge=int(longest or 0),
-            do_image_splitting=bool(kwargs.get("do_image_splitting", ip.do_image_splitting)),
+            do_image_splitting=bool(kwargs["do_image_splitting"]),
             tile=int(tile),
             tokenizer=tokenizer,
             text_level=not all(_added_token_bounded(tokenizer, t) for t in (fake, image)),
@@ -220,12 +219,3 @@ def _token(processor: Any, tokenizer: Any, attribute: str, default: str) -> str:
     """A prompt token string as the processor holds it (SmolVLM reads the tokenizer's attributes)."""
     value = getattr(processor, attribute, None) or getattr(tokenizer, attribute, None) or default
     return str(value)
-
-
-def _effective_images_kwargs(bundle: ProcessorBundle) -> dict[str, Any]:
-    """What the processor passes to the image processor: its class ``images_kwargs`` merged in."""
-    processor = bundle.processor
-    if processor is not None:
-        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
-        return dict(merged["images_kwargs"])
-    return dict(getattr(getattr(transformers, bundle.processor_class, None), "images_kwargs", {}))

@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
 
-import transformers
-
 from prep.sources.media import VideoMeta
 from prep.tokenize.families.base import MediaCount, MediaRejected, register_counter
+from prep.tokenize.families.settings import effective_image_settings
 from prep.tokenize.processor import ProcessorBundle, ProcessorLoadError
 from schemas.dataset_config import VideoSampling
 
@@ -63,15 +62,6 @@ def tile_grid(
         elif diff == best_diff and area > 0.5 * tile_height * tile_width * cols * rows:
             best = (cols, rows)
     return best
-
-
-def _effective_images_kwargs(bundle: ProcessorBundle) -> dict[str, Any]:
-    """What the processor passes to the image processor: its class ``images_kwargs`` merged in."""
-    processor = bundle.processor
-    if processor is not None:
-        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
-        return dict(merged["images_kwargs"])
-    return dict(getattr(getattr(transformers, bundle.processor_class, None), "images_kwargs", {}))
 
 
 def _size(size: Any) -> tuple[int, int]:
@@ -111,8 +101,8 @@ class InternVLCounter:
                 f"{bundle.source}: InternVLProcessor with {type(ip).__name__}; the closed form knows only "
                 "GotOcr2ImageProcessor tiling"
             )
-        kwargs = {k: v for k, v in _effective_images_kwargs(bundle).items() if v is not None}
-        tile_width, tile_height = _size(kwargs.get("size", ip.size))
+        kwargs = effective_image_settings(bundle, ("size", "crop_to_patches", "min_patches", "max_patches"))
+        tile_width, tile_height = _size(kwargs["size"])
         return cls(
             image_token_id=bundle.token_id("<IMG_CONTEXT>", "context_image_token"),
             video_token_id=bundle.token_id("<video>", "video_token"),
@@ -121,9 +111,9 @@ class InternVLCounter:
             image_seq_length=int(processor.image_seq_length),
             tile_width=tile_width,
             tile_height=tile_height,
-            crop_to_patches=bool(kwargs.get("crop_to_patches", ip.crop_to_patches)),
-            min_patches=int(kwargs.get("min_patches", ip.min_patches)),
-            max_patches=int(kwargs.get("max_patches", ip.max_patches)),
+            crop_to_patches=bool(kwargs["crop_to_patches"]),
+            min_patches=int(kwargs["min_patches"]),
+            max_patches=int(kwargs["max_patches"]),
         )
 
     def grid(self, width: int, height: int) -> tuple[int, int]:

@@ -52,6 +52,7 @@ from typing import Any
 from prep.sources.media import VideoMeta
 from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import MediaCount, MediaRejected, register_counter
+from prep.tokenize.families.settings import effective_image_settings
 from prep.tokenize.processor import ProcessorBundle, ProcessorLoadError
 from schemas.dataset_config import VideoSampling
 from schemas.reasons import Reason
@@ -88,16 +89,7 @@ def _size_hw(size: Any) -> tuple[int, int] | None:
     return None
 
 
-def _effective_images_kwargs(bundle: ProcessorBundle) -> dict[str, Any]:
-    """The image processor's settings with the processor class's ``images_kwargs`` merged in."""
-    ip = bundle.image_processor
-    names = ("size", "crop_size", "do_resize", "do_center_crop", "image_grid_pinpoints")
-    out = {name: getattr(ip, name, None) for name in names}
-    processor = bundle.processor
-    if processor is not None:
-        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
-        out.update({k: v for k, v in merged.items() if k in names and v is not None})
-    return out
+TILE_SETTINGS = ("size", "crop_size", "do_resize", "do_center_crop", "image_grid_pinpoints")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -146,7 +138,7 @@ class LlavaCounter:
         processor: Any = bundle.processor
         if processor is None:
             raise ProcessorLoadError(f"{bundle.source}: {bundle.processor_class} could not be built here")
-        layout = TileLayout.from_settings(_effective_images_kwargs(bundle), bundle.source)
+        layout = TileLayout.from_settings(effective_image_settings(bundle, TILE_SETTINGS), bundle.source)
         onevision = bundle.processor_class == "LlavaOnevisionProcessor"
         if onevision:
             side = int(math.sqrt(processor.num_image_tokens))

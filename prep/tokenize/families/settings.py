@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import transformers
+
+from prep.tokenize.processor import ProcessorBundle
+
 
 def _size_limits(size: Any, raw: dict[str, Any]) -> tuple[int, int]:
     """``min_pixels``/``max_pixels`` keys override ``size``, as the processors' __init__ does."""
@@ -14,6 +18,23 @@ def _size_limits(size: Any, raw: dict[str, Any]) -> tuple[int, int]:
     if shortest is None or longest is None:
         raise ValueError(f"processor size {size!r} lacks shortest_edge/longest_edge pixel limits")
     return int(shortest), int(longest)
+
+
+def effective_image_settings(bundle: ProcessorBundle, names: tuple[str, ...]) -> dict[str, Any]:
+    """Each image setting as the image processor receives it at call time.
+
+    ``ProcessorMixin._merge_kwargs`` passes the processor class's ``images_kwargs`` defaults
+    over ``preprocessor_config.json`` (InternVL's ``crop_to_patches``, Gemma 3's pan-and-scan):
+    a merged value wins where it is set, else the loaded image processor's own attribute. When
+    the processor itself could not be built, its class's ``images_kwargs`` stand in.
+    """
+    processor = bundle.processor
+    if processor is not None:
+        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
+    else:
+        merged = getattr(getattr(transformers, bundle.processor_class, None), "images_kwargs", None) or {}
+    image_processor = bundle.image_processor
+    return {n: merged[n] if merged.get(n) is not None else getattr(image_processor, n, None) for n in names}
 
 
 def image_pixel_limits(image_processor: Any) -> tuple[int, int]:
