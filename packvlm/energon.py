@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 from megatron.energon import Cooker, DefaultTaskEncoder, Sample, basic_sample_keys, edataclass, stateless
 
+from packvlm.errors import UsageError
 from schemas.packed import (
     INPUT_IDS_MEMBER,
     LOSS_MASK_MEMBER,
@@ -41,7 +42,7 @@ T_raw_batch = TypeVar("T_raw_batch")
 T_batch = TypeVar("T_batch")
 
 
-class PackDecodeError(ValueError):
+class PackDecodeError(UsageError, ValueError):
     """A crude sample is not a well-formed pack (or arrived decoded by Energon's decoder)."""
 
 

@@ -8,57 +8,17 @@ import click
 
 from prep.cli_errors import ErrorMappingGroup, debug_option
 from prep.energon.cli import energon_blend_command, energon_index_command
-from prep.energon.index import EnergonIndexError, EnergonVerifyError
 from prep.errors.cli import errors_command
 from prep.example.cli import example_command
 from prep.pack.cli import pack_command
-from prep.pack.inputs import MixedProcessorsError
-from prep.pack.shard_cut import ShardSizeError
-from prep.pack.stage import OversizeError, PackOptionsError, PackOutputConflict
-from prep.pack.verify import PlanInvariantError
 from prep.shards.cli import shards_command
-from prep.shards.core import PackOverflowError
-from prep.shards.read import MediaVanishedError
-from prep.shards.readback import PackConservationError
 from prep.stats.cli import stats_command
-from prep.tokenize.chunk import VerifyMismatch
 from prep.tokenize.cli import tokenize_command
-from prep.tokenize.processor import ProcessorLoadError
-from prep.tokenize.stage import ConservationError, ErrorRateExceeded, OutputDirConflict
-from schemas.dataset_config import ConfigError
-from schemas.manifest import ManifestError
-from schemas.tokenized import TokenizedPartError
-
-USAGE_ERRORS = (
-    ConfigError,
-    OutputDirConflict,
-    ProcessorLoadError,
-    PackOutputConflict,
-    ShardSizeError,
-    EnergonIndexError,
-    MixedProcessorsError,
-    ManifestError,
-    PackOptionsError,
-)
-RUN_FAILURES = (
-    ErrorRateExceeded,
-    ConservationError,
-    OversizeError,
-    PackConservationError,
-    PlanInvariantError,
-    TokenizedPartError,
-    MediaVanishedError,
-    PackOverflowError,
-    EnergonVerifyError,
-    VerifyMismatch,
-)
 
 
 class PrepGroup(ErrorMappingGroup):
-    """Known usage errors become one-line messages instead of tracebacks."""
+    """Every failure is one line and one exit code (`packvlm.errors`), not a traceback."""
 
-    usage_errors = USAGE_ERRORS
-    run_failures = RUN_FAILURES
     interrupt_hint = "rerun the same command to resume"
 
 

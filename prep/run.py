@@ -5,7 +5,14 @@ and called on a batch ``{"task": [json, ...]}``, returning a batch of small stat
 local executor is a for-loop with a progress bar; the Ray executor maps the tasks over an
 actor pool so processors and LMDB handles are opened once per actor. The pool leaves one
 CPU free (Ray Data needs it for its own tasks; ray#44687). Connects to a cluster when
-``address`` or ``RAY_ADDRESS`` is set, otherwise starts an embedded Ray.
+``address`` or ``RAY_ADDRESS`` is set, otherwise starts a private local Ray
+(``address="local"``: never the cluster a stale ``/tmp/ray/ray_current_cluster`` names).
+
+Our errors cross Ray as data: Ray Data re-raises a worker's exception as ``UserCodeException``
+without its class, so `ErrorCarrier` returns a `packvlm.errors.PackvlmError` raised in a
+worker as one row, and the driver raises the same class with the same message. Ray's own
+failures (an actor or node lost, a cluster that cannot be reached or started) are
+`RayUnavailableError`, an environment error.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
@@ -24,15 +32,46 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
+from packvlm.errors import PackvlmError, ResourceError, error_from_payload, error_payload
 from prep.ray_reaper import children, start_reaper
 from prep.ray_reaper import supported as reaper_supported
-from prep.worker_errors import unwrap_worker_error
 
 log = logging.getLogger(__name__)
 Worker = Callable[[dict[str, list]], dict[str, list]]
 ExecutorName = Literal["ray", "local"]
 EXECUTORS: tuple[ExecutorName, ...] = ("ray", "local")
 _REAPERS: list[subprocess.Popen[bytes]] = []  # kept open: each reads EOF when this process exits
+ERROR_COLUMN = "__packvlm_error__"  # a worker's row carrying one of our errors (`error_payload`)
+_QUIET_LOGGERS = ("ray._private.authentication.authentication_token_setup",)  # token notices: once per start
+
+
+class RayUnavailableError(ResourceError):
+    """Ray could not be started or reached, or lost an actor or node mid-run: rerun to resume."""
+
+
+class ErrorCarrier:
+    """Wraps a worker for Ray: our errors (from its constructor too) come back as an `ERROR_COLUMN` row.
+
+    Args:
+        worker_cls: The stage's worker class (importable: actors import it by name).
+        worker_kwargs: Its JSON-safe constructor kwargs.
+    """
+
+    def __init__(self, worker_cls: type, worker_kwargs: dict[str, Any]) -> None:
+        self.worker: Worker | None = None
+        self.error: PackvlmError | None = None
+        try:
+            self.worker = worker_cls(**worker_kwargs)
+        except PackvlmError as exc:
+            self.error = exc
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        try:
+            if self.worker is None:
+                raise self.error or RuntimeError("worker not built")
+            return self.worker(batch)
+        except PackvlmError as exc:
+            return {ERROR_COLUMN: [error_payload(exc)]}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,21 +86,15 @@ class ExecutorConfig:
 def run_tasks(
     worker_cls: type, worker_kwargs: dict[str, Any], tasks: list[str], config: ExecutorConfig, desc: str
 ) -> list[dict]:
-    """Run tasks on the configured executor; our worker input errors surface with their own message."""
+    """Run tasks on the configured executor; our errors from workers surface as the same class."""
     if not tasks:
         return []
     if config.executor == "local":
         return run_local(worker_cls, worker_kwargs, tasks, desc=desc)
-    try:
-        with _interruptible(config):
-            return run_ray(
-                worker_cls, worker_kwargs, tasks, address=config.ray_address, num_workers=config.num_workers, desc=desc
-            )
-    except Exception as exc:  # Ray wraps worker errors: surface ours with their own message
-        ours = unwrap_worker_error(exc)
-        if ours is None or ours is exc:
-            raise
-        raise ours from exc
+    with _interruptible(config):
+        return run_ray(
+            worker_cls, worker_kwargs, tasks, address=config.ray_address, num_workers=config.num_workers, desc=desc
+        )
 
 
 @contextlib.contextmanager
@@ -122,10 +155,16 @@ def run_local(worker_cls: type, worker_kwargs: dict[str, Any], tasks: list[str],
 
 
 def init_ray(address: str | None, num_cpus: int | None) -> None:
-    """Join a cluster (address / RAY_ADDRESS) or start an embedded Ray; reuse a live session.
+    """Join a cluster (address / RAY_ADDRESS) or start a private local Ray; reuse a live session.
 
-    An embedded Ray gets a reaper (`prep.ray_reaper`): its processes die with this one,
-    even on kill -9, instead of lingering ~60 s.
+    Without an address Ray is started with ``address="local"``: a plain ``ray.init()`` would
+    follow Ray's bootstrap file (``/tmp/ray/ray_current_cluster``), which any crashed ``ray
+    start`` on the machine leaves behind, and retry its dead address for minutes. An embedded
+    Ray gets a reaper (`prep.ray_reaper`): its processes die with this one, even on kill -9,
+    instead of lingering ~60 s.
+
+    Raises:
+        RayUnavailableError: The cluster cannot be reached, or the local Ray did not start.
     """
     import ray
 
@@ -133,14 +172,37 @@ def init_ray(address: str | None, num_cpus: int | None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        _ray_init(f"cannot join the Ray cluster at {address!r}", address=address, log_to_driver=True)
         return
     before = children(os.getpid()) if reaper_supported() else {}
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    _ray_init(
+        "cannot start a local Ray", address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True
+    )
     now = children(os.getpid()) if reaper_supported() else {}
     started = {pid: start for pid, start in now.items() if pid not in before}
     if started:
         _REAPERS.append(start_reaper(started))
+
+
+def _ray_init(failure: str, **kwargs: Any) -> None:
+    """``ray.init(**kwargs)`` with its token-auth notices muted; its failures become `RayUnavailableError`."""
+    import ray
+
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, TimeoutError, RuntimeError) as exc:
+        raise RayUnavailableError(f"{failure}: {exc}") from exc
+    except Exception as exc:  # startup timeouts are raised as a plain Exception
+        if type(exc) is not Exception:
+            raise
+        raise RayUnavailableError(f"{failure}: {exc}") from exc
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def run_ray(
@@ -155,7 +217,10 @@ def run_ray(
     """Map tasks over a Ray Data actor pool; each actor builds ``worker_cls`` once.
 
     Progress is our own bar over the result rows (one per task, as in `run_local`): Ray
-    Data's bar reports "finished" when the run is interrupted, so it is turned off.
+    Data's bar reports "finished" when the run is interrupted, so it is turned off. Actors are
+    not restarted (``max_restarts=0``): a lost actor ends the run as `RayUnavailableError` and
+    the rerun resumes, instead of Ray retrying forever (and logging an error line at start
+    about restartable actors whose constructor arguments sit in the object store).
     """
     import ray
 
@@ -167,18 +232,28 @@ def run_ray(
     ctx.enable_progress_bars = False
     logging.getLogger("ray.data._internal.progress").addFilter(_drop_bars_disabled_notice)
     ds = ray.data.from_items([{"task": t} for t in tasks], override_num_blocks=max(1, len(tasks)))
-    mapped = ds.map_batches(
-        worker_cls,
-        fn_constructor_kwargs=worker_kwargs,
-        batch_size=1,
-        compute=ray.data.ActorPoolStrategy(size=size),
-        num_cpus=1,
-    )
+    with warnings.catch_warnings():  # max_restarts has no named parameter yet (Ray 2.60 deprecates the rest)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        mapped = ds.map_batches(
+            ErrorCarrier,
+            fn_constructor_kwargs={"worker_cls": worker_cls, "worker_kwargs": worker_kwargs},
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=size),
+            num_cpus=1,
+            max_restarts=0,
+        )
     rows: list[dict] = []
     with tqdm(total=len(tasks), desc=desc, unit="task", disable=not sys.stderr.isatty()) as bar:
-        for row in mapped.iter_rows():
-            rows.append(dict(row))
-            bar.update(1)
+        try:
+            for row in mapped.iter_rows():
+                if row.get(ERROR_COLUMN):
+                    raise error_from_payload(row[ERROR_COLUMN])
+                rows.append(dict(row))
+                bar.update(1)
+        except ray.exceptions.RayTaskError:
+            raise  # an unexpected exception in our worker: a bug, reported as such
+        except ray.exceptions.RayError as exc:  # actor, node or object lost; cluster gone
+            raise RayUnavailableError(f"Ray failed mid-run ({type(exc).__name__}: {exc}); rerun to resume") from exc
     return rows
 
 

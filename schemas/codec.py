@@ -16,10 +16,12 @@ from enum import Enum
 from functools import cache
 from typing import Any, TypeVar, Union
 
+from packvlm.errors import UsageError
+
 T = TypeVar("T")
 
 
-class ManifestFormatError(ValueError):
+class ManifestFormatError(UsageError, ValueError):
     """A JSON document does not have the shape its schema declares."""
 
 

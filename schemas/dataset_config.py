@@ -39,6 +39,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from packvlm.errors import UsageError
+
 DATASET_CONFIG_VERSION = 1
 HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url")
 ENTRY_KEYS = frozenset(
@@ -52,7 +54,7 @@ SELECT_OTHERS = "select other entries with --dataset"
 log = logging.getLogger(__name__)
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """The dataset config is unusable; the message says which key to fix."""
 
 
@@ -225,10 +227,10 @@ def parse_dataset_spec(name: str, raw: dict[str, Any], base_dir: Path) -> Datase
     if cloud is not None:
         file_name = Path(cloud)
     else:
-        file_name = (base_dir / raw["file_name"]).resolve()
+        file_name = _resolve(base_dir / raw["file_name"], f"{where}: file_name")
         if not file_name.exists():
             raise ConfigError(f"{where}: file_name {str(file_name)!r} does not exist")
-    media_dir = (base_dir / raw.get("media_dir", ".")).resolve()
+    media_dir = _resolve(base_dir / raw.get("media_dir", "."), f"{where}: media_dir")
     if not media_dir.is_dir():
         raise ConfigError(f"{where}: media_dir {str(media_dir)!r} is not a directory")
     video = VideoSampling(**_sub(VideoSampling, raw.get("video"), f"{where}.video"))
@@ -247,6 +249,14 @@ def parse_dataset_spec(name: str, raw: dict[str, Any], base_dir: Path) -> Datase
         split=split,
         cloud_file_name=cloud,
     )
+
+
+def _resolve(path: Path, what: str) -> Path:
+    """``path`` made absolute through its symlinks; a loop is named as such, not "does not exist"."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:  # Python < 3.13 raises RuntimeError on a loop
+        raise ConfigError(f"{what} {str(path)!r} is a symlink loop ({exc})") from exc
 
 
 def read_dataset_config(path: str | Path, only: list[str] | None = None) -> DatasetConfig:

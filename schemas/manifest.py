@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from packvlm.errors import UsageError
 from schemas.codec import ManifestFormatError, from_json, to_json
 from schemas.stages import Stage
 
@@ -27,7 +28,7 @@ TRACKED_LIBRARIES = ("packvlm", "transformers", "tokenizers", "pyarrow", "ray", 
 SHARDS_MANIFEST_FILE = "shards.json"
 
 
-class ManifestError(ValueError):
+class ManifestError(UsageError, ValueError):
     """A manifest is missing, unreadable, of another stage or malformed; the message says which."""
 
 

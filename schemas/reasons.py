@@ -17,6 +17,7 @@ class Reason(str, Enum):
     MISSING_MEDIA = "missing_media"
     MISSING_LMDB_KEY = "missing_lmdb_key"
     CORRUPT_IMAGE = "corrupt_image"
+    IMAGE_TOO_LARGE = "image_too_large"  # more pixels than --max-image-pixels (e.g. a decompression bomb)
     BAD_VIDEO = "bad_video"
     PROCESSOR_REJECTED = "processor_rejected"
     UNSUPPORTED_MEDIA = "unsupported_media"  # the processor takes no media of this kind (e.g. Pixtral video)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 
+from packvlm.errors import UsageError
+
 SPLIT_NAMES: tuple[str, str, str] = ("train", "val", "test")
 SplitRatio = tuple[float, float, float]
 
 
-class SplitRatioError(ValueError):  # a usage error: raised while parsing the option
+class SplitRatioError(UsageError, ValueError):  # a usage error: raised while parsing the option
     """``--split-ratio`` is not three numbers >= 0 with train > 0."""
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from packvlm.errors import DataBudgetError
 from schemas.layout import PART_SUFFIX, SAMPLES_DIR
 
 TOKENIZED_SCHEMA_VERSION = 3  # 2: media.num_bytes; 3: media.num_tiles
@@ -96,7 +97,7 @@ def list_parts(root: str | Path, table: str = SAMPLES_DIR) -> list[Path]:
     return sorted(p for p in folder.glob(f"part-*{PART_SUFFIX}"))
 
 
-class TokenizedPartError(RuntimeError):
+class TokenizedPartError(DataBudgetError):
     """A tokenized part is missing, truncated or differs from its manifest: rerun `prep tokenize`."""
 
 

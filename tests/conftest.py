@@ -30,10 +30,11 @@ def bundles(processor_dirs: dict[str, Path]) -> dict:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray for the whole session: 2 CPUs, no dashboard."""
+    """One private local Ray for the whole session: 2 CPUs, no dashboard, never a cluster that
+    ``/tmp/ray/ray_current_cluster`` names (``address="local"``)."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -48,6 +48,8 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from packvlm.errors import InternalError
+
 log = logging.getLogger(__name__)
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -58,7 +60,7 @@ VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k
 _HOOK_FLAG = "_packvlm_vision_hook"
 
 
-class PackedAttentionError(ValueError):
+class PackedAttentionError(InternalError, ValueError):
     """Varlen boundaries that do not describe the input (wrong length, unsorted, q != k)."""
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from packvlm.atomic import write_bytes_atomic
+from packvlm.errors import UsageError
 from schemas.layout import TMP_PREFIX
 from schemas.train import (
     CHECKPOINTS_DIR,
@@ -34,7 +35,7 @@ PROCESSOR_FILE_PATTERNS = ("*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"
 MODEL_FILES = ("config.json", "generation_config.json")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UsageError):
     """No usable checkpoint where --resume expects one."""
 
 

@@ -11,22 +11,11 @@ import click
 
 from prep.cli_errors import ErrorMappingGroup, debug_option
 from prep.cli_options import default_of
-from train.checkpoint import CheckpointError
-from train.dataset import TrainConfigError
-from train.distributed import DeviceUnavailableError
-from train.loops.hf import HFTrainConfig, TrainRunConflict, run
-from train.media import PackEncodeError
-from train.models import ModelLoadError
-
-USAGE_ERRORS = (TrainConfigError, TrainRunConflict, DeviceUnavailableError, CheckpointError, ModelLoadError)
-RUN_FAILURES = (PackEncodeError,)
+from train.loops.hf import HFTrainConfig, run
 
 
 class TrainGroup(ErrorMappingGroup):
-    """Known usage errors become one-line messages that say what to fix, not tracebacks."""
-
-    usage_errors = USAGE_ERRORS
-    run_failures = RUN_FAILURES
+    """Every failure is one line and one exit code (`packvlm.errors`), not a traceback."""
 
 
 def _default(name: str) -> Any:

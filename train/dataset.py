@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from packvlm.errors import UsageError
 from prep.energon.index import DATASET_YAML, META_DIR, EnergonIndexError, read_index, read_packed_dir
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import ManifestError, ManifestVersionError, PackManifest
@@ -40,7 +41,7 @@ INFO_JSON = ".info.json"
 SPLIT_YAML = "split.yaml"
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(UsageError, ValueError):
     """A training input is unusable; the message says what to run or change."""
 
 

@@ -15,8 +15,10 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from packvlm.errors import ResourceError
 
-class DeviceUnavailableError(RuntimeError):
+
+class DeviceUnavailableError(ResourceError):
     """The requested device does not exist on this machine."""
 
 

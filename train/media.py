@@ -30,10 +30,11 @@ import torch
 from PIL import Image
 from transformers.image_utils import load_image
 
+from packvlm.errors import DataBudgetError
 from schemas.packed import PackedMediaItem
 
 
-class PackEncodeError(ValueError):
+class PackEncodeError(DataBudgetError, ValueError):
     """A pack cannot become a micro-batch; the message names pack, sample and fix."""
 
 

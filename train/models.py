@@ -24,6 +24,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
+from packvlm.errors import UsageError
 from train.attention import prepare_model_for_packing, register_packed_attention
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ WEIGHT_FILES = (
 )
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UsageError):
     """The model directory cannot give a model; the message says what to fix."""
 
 

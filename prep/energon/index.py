@@ -38,6 +38,7 @@ import yaml
 from tqdm import tqdm
 
 from packvlm.atomic import write_bytes_atomic
+from packvlm.errors import InternalError, UsageError
 from prep.energon.split import ShardSplit, energon_patterns, nearest_split, recorded_split, refusal
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import PackManifest
@@ -51,11 +52,11 @@ META_DIR = ".nv-meta"  # megatron.energon.flavors.webdataset.config.MAIN_FOLDER_
 DATASET_YAML = "dataset.yaml"
 
 
-class EnergonIndexError(RuntimeError):
+class EnergonIndexError(UsageError):
     """DIR is not a finished `prep pack` output, or a split option is unusable or cannot be honoured."""
 
 
-class EnergonVerifyError(RuntimeError):
+class EnergonVerifyError(InternalError):
     """Loading the dataset with Energon did not give every pack exactly once."""
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from packvlm.errors import UsageError
 from prep.errors.core import (
     ErrorExample,
     ErrorsReport,
@@ -41,7 +42,7 @@ from schemas.tokenized import list_parts, open_part
 DEFAULT_LIMIT = 5
 
 
-class ErrorsQueryError(ValueError):
+class ErrorsQueryError(UsageError, ValueError):
     """An option that does not fit the directory (unknown dataset, filters on a pack output)."""
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from packvlm.errors import UsageError
 from schemas.layout import MANIFEST_FILE, SAMPLES_DIR, part_name
 from schemas.manifest import PackInput, TokenizeManifest, file_sha256, read_manifest
 from schemas.tokenized import TokenizedPartError, open_part, read_column
@@ -95,7 +96,7 @@ def _ints(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return column.to_numpy().astype(np.int64) if len(column) else np.zeros(0, np.int64)
 
 
-class MixedProcessorsError(ValueError):
+class MixedProcessorsError(UsageError, ValueError):
     """Inputs tokenized with different processor classes cannot share packs (one model trains on them)."""
 
 

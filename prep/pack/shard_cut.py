@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packvlm.errors import UsageError
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -40,7 +42,7 @@ META_PER_SAMPLE = 160
 META_PER_MEDIA = 320
 
 
-class ShardSizeError(ValueError):  # a usage error: raised while parsing the option
+class ShardSizeError(UsageError, ValueError):  # a usage error: raised while parsing the option
     """``--shard-size`` is not bytes (``512MB``) or packs (``1000packs``)."""
 
 

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 
 from packvlm.atomic import write_arrow_atomic, write_json_atomic
+from packvlm.errors import DataBudgetError, UsageError
 from packvlm.faults import crash_point
 from prep.outputs import claim_output_dir
 from prep.pack.assignment import PackAssignment
@@ -63,15 +64,19 @@ OversizePolicy = Literal["drop", "error"]
 OVERSIZE_POLICIES: tuple[OversizePolicy, ...] = ("drop", "error")
 
 
-class OversizeError(RuntimeError):
+class OversizeError(DataBudgetError):
     """``--oversize error`` and some samples exceed the pack size."""
 
 
-class PackOptionsError(ValueError):
+class NoPacksError(DataBudgetError):
+    """The plan would hold no pack (every sample oversize, or no sample at all): nothing to train on."""
+
+
+class PackOptionsError(UsageError, ValueError):
     """Options that contradict each other or would drop every sample."""
 
 
-class PackOutputConflict(RuntimeError):
+class PackOutputConflict(UsageError):
     """The output directory holds other files or a run with other options."""
 
 
@@ -197,6 +202,17 @@ def _check_oversize(config: PackConfig, oversize: tuple[OversizeSample, ...], nu
     )
 
 
+def _check_some_pack(config: PackConfig, num_packs: int, num_samples: int, num_oversize: int) -> None:
+    """A plan without packs is refused: `prep energon-index` and training would fail on it later."""
+    if num_packs:
+        return
+    if not num_samples:
+        why = "the inputs hold no sample (every row of `prep tokenize` was an error row: see `prep errors`)"
+    else:
+        why = f"all {num_oversize} samples exceed --pack-size {config.pack_size}: raise --pack-size"
+    raise NoPacksError(f"no pack to write: {why}; nothing was written")
+
+
 def _finished(out: Path) -> PackManifest | None:
     """The manifest of a finished plan in ``out`` (same options, checked by the claim), if intact."""
     if not (out / MANIFEST_FILE).is_file() or not (out / PLAN_FILE).is_file():
@@ -219,6 +235,7 @@ def run_pack(config: PackConfig) -> PackManifest:
     Raises:
         PackOutputConflict: ``output_dir`` holds other files or another run.
         OversizeError: ``oversize="error"`` and a sample's slot exceeds the pack size.
+        NoPacksError: No sample fits a pack (or there is none).
         ManifestError, TokenizedPartError: An input is not a complete `prep tokenize` output.
     """
     check_options(config)
@@ -229,6 +246,7 @@ def run_pack(config: PackConfig) -> PackManifest:
     assignment = _assign(config, cols)  # planning reads length columns only: cheap, even on a resume
     oversize = _oversize_report(assignment, cols)
     _check_oversize(config, oversize, int(cols.num_tokens.size))  # before anything is written
+    _check_some_pack(config, assignment.num_packs, int(cols.num_tokens.size), len(oversize))
     claim_output_dir(out, fingerprint, (SHARDS_DIR,), f"prep {Stage.PACK}", PackOutputConflict)
     done = _finished(out)
     if done is not None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from packvlm.errors import InternalError
 from prep.pack.assignment import PackAssignment
 from schemas.plan import slot_tokens
 
 
-class PlanInvariantError(ValueError):
+class PlanInvariantError(InternalError, ValueError):
     """A plan breaks an invariant (overflow, lost or repeated sample, cap): do not write it."""
 
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packvlm.errors import InternalError
 from prep.shards.read import SampleRow, read_media
 from prep.shards.tar import Member
 from prep.sources.media import LmdbPool
-from prep.worker_errors import WorkerInputError
 from schemas.packed import (
     INPUT_IDS_MEMBER,
     LOSS_MASK_MEMBER,
@@ -29,7 +29,7 @@ from schemas.packed import (
 from schemas.plan import slot_tokens
 
 
-class PackOverflowError(WorkerInputError):
+class PackOverflowError(InternalError):
     """A pack's slots exceed pack_size at write time: the plan and the parts disagree."""
 
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from packvlm.errors import DataBudgetError
 from prep.sources.media import LmdbPool, MediaError, read_bytes
-from prep.worker_errors import WorkerInputError
 from schemas.media_ref import MediaRef
 from schemas.tokenized import TokenizedPartError, open_part
 
 
-class MediaVanishedError(WorkerInputError):
+class MediaVanishedError(DataBudgetError):
     """A media file or LMDB key that tokenize read is gone: restore it or re-tokenize."""
 
 

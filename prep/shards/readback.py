@@ -16,13 +16,14 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
+from packvlm.errors import InternalError
 from prep.shards.tar import iter_pack_metas
 from schemas.manifest import ShardRecord
 from schemas.packed import SHARDS_DIR, pack_key, shard_name
 from schemas.plan import PackPlan
 
 
-class PackConservationError(RuntimeError):
+class PackConservationError(InternalError):
     """The shards on disk do not hold the plan's samples exactly once each: a bug, never ignored."""
 
 

@@ -14,7 +14,9 @@ other files are all the ``train`` split, as ``datasets.load_dataset(data_files=.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -69,6 +71,19 @@ def open_input(path: str) -> IO[bytes]:
     return open(path, "rb")
 
 
+def _why_unreadable(path: str) -> str:
+    """Why a local path that is neither a file nor a directory cannot be read, in words."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except PermissionError:
+        return "cannot be read: permission denied"
+    except OSError as exc:
+        return "is a symlink loop" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
+    return "is not a regular file"
+
+
 def dataset_files(location: str, split: str, where: str) -> list[InputFile]:
     """The files of a dataset entry, in a fixed order, each with its kind.
 
@@ -81,8 +96,10 @@ def dataset_files(location: str, split: str, where: str) -> list[InputFile]:
     location = cloud_url(location)
     is_dir = fs.isdir(location) if fs is not None else Path(location).is_dir()
     if not is_dir:
-        if not (fs.isfile(location) if fs is not None else Path(location).is_file()):
+        if fs is not None and not fs.isfile(location):
             raise ConfigError(f"{where}: {location!r} does not exist")
+        if fs is None and not Path(location).is_file():
+            raise ConfigError(f"{where}: {location!r} {_why_unreadable(location)}")
         if split != "train":
             raise ConfigError(f"{where}: split {split!r} asked of the single file {location!r} (its split is 'train')")
         return [InputFile(path=location, kind=file_kind(location))]

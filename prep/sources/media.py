@@ -7,12 +7,21 @@ sizes come from the file header (plus the EXIF orientation tag, which transforme
 ``load_image`` applies), video metadata from the container (PyAV). A truncated JPEG/PNG is
 caught by its missing end marker. The encoded size (``num_bytes``) is taken while the header
 is read, so later stages can size shards without opening media again.
+
+An image whose header claims more than ``max_pixels`` (a decompression bomb: a few KB that
+decode to gigabytes) is ``image_too_large``, an error row like any other. The header is read
+with PIL's own bomb check off (it would raise before the size is known, or warn); the default
+limit is where PIL's decoder refuses (`DECODE_LIMIT_PIXELS`), the one `train` and the real
+processor decode with, so nothing tokenize accepts fails to decode later.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -28,6 +37,7 @@ EXIF_ORIENTATION_TAG = 0x0112
 SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 JPEG_END = b"\xff\xd9"
 PNG_END = b"IEND\xaeB`\x82"
+DECODE_LIMIT_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0)  # PIL raises DecompressionBombError above this
 
 
 class MediaError(Exception):
@@ -103,27 +113,57 @@ def read_bytes(ref: MediaRef, pool: LmdbPool) -> bytes:
         return pool.get(ref)
     if ref.is_table_cell:
         return _cell(ref)
-    try:
-        return Path(ref.path).read_bytes()
-    except FileNotFoundError as exc:
-        raise MediaError(Reason.MISSING_MEDIA, f"file {ref.path!r} does not exist") from exc
+    with open_media_file(ref.path) as fh:
+        return fh.read()
 
 
-def image_header(ref: MediaRef, pool: LmdbPool) -> ImageHeader:
-    """Size as the processor will see the image and encoded size, from the header only."""
+def image_header(ref: MediaRef, pool: LmdbPool, max_pixels: int = DECODE_LIMIT_PIXELS) -> ImageHeader:
+    """Size as the processor will see the image and encoded size, from the header only.
+
+    Raises:
+        MediaError: ``image_too_large`` past ``max_pixels``; ``corrupt_image``, ``missing_media``.
+    """
     if ref.key is not None:
-        return _read_header(io.BytesIO(pool.get(ref)), ref.format())
+        return _read_header(io.BytesIO(pool.get(ref)), ref.format(), max_pixels)
     if ref.is_table_cell:
-        return _read_header(io.BytesIO(_cell(ref)), ref.format())
-    if not Path(ref.path).is_file():
-        raise MediaError(Reason.MISSING_MEDIA, f"file {ref.path!r} does not exist")
-    with open(ref.path, "rb") as fh:
-        return _read_header(fh, ref.format())
+        return _read_header(io.BytesIO(_cell(ref)), ref.format(), max_pixels)
+    with open_media_file(ref.path) as fh:
+        return _read_header(fh, ref.format(), max_pixels)
 
 
-def _read_header(fh: IO[bytes], uri: str) -> ImageHeader:
+@contextmanager
+def open_media_file(path: str) -> Iterator[IO[bytes]]:
+    """``path`` opened for reading; why it cannot be (missing, a directory, a loop, no permission) as `MediaError`."""
     try:
-        with Image.open(fh) as img:
+        fh = open(path, "rb")
+    except FileNotFoundError as exc:
+        raise MediaError(Reason.MISSING_MEDIA, f"file {path!r} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise MediaError(Reason.MISSING_MEDIA, f"{path!r} is a directory, not a file") from exc
+    except PermissionError as exc:
+        raise MediaError(Reason.MISSING_MEDIA, f"file {path!r}: permission denied") from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise MediaError(Reason.MISSING_MEDIA, f"{path!r} is a symlink loop") from exc
+        raise
+    with fh:
+        yield fh
+
+
+@contextmanager
+def _bomb_check_off() -> Iterator[None]:
+    """PIL's decompression-bomb check off while a header is read: `_read_header` applies its own limit."""
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+def _read_header(fh: IO[bytes], uri: str, max_pixels: int) -> ImageHeader:
+    try:
+        with _bomb_check_off(), Image.open(fh) as img:
             width, height = img.size
             fmt = img.format
             orientation = img.getexif().get(EXIF_ORIENTATION_TAG, 1)
@@ -131,6 +171,12 @@ def _read_header(fh: IO[bytes], uri: str) -> ImageHeader:
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a recognised image format") from exc
     except (OSError, SyntaxError, ValueError) as exc:
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a readable image ({exc})") from exc
+    if width * height > max_pixels:
+        raise MediaError(
+            Reason.IMAGE_TOO_LARGE,
+            f"{uri}: {width}x{height} = {width * height:,} pixels > --max-image-pixels {max_pixels:,} "
+            "(a decompression bomb, or a scan to downsize first)",
+        )
     num_bytes = fh.seek(0, io.SEEK_END)
     _check_trailer(fh, fmt, num_bytes, uri)
     if width < 1 or height < 1:
@@ -173,8 +219,9 @@ def video_meta(ref: MediaRef) -> VideoMeta:
 
     if ref.key is not None:
         raise MediaError(Reason.BAD_VIDEO, f"{ref.format()}: videos are read from files, not LMDB")
-    if not ref.is_table_cell and not Path(ref.path).is_file():
-        raise MediaError(Reason.MISSING_MEDIA, f"file {ref.path!r} does not exist")
+    if not ref.is_table_cell:
+        with open_media_file(ref.path):  # says why it cannot be read: av's errors do not
+            pass
     uri = ref.format()
     source: str | IO[bytes] = io.BytesIO(_cell(ref)) if ref.is_table_cell else ref.path
     try:

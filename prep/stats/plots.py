@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+from packvlm.errors import ResourceError
 from prep.stats.labels import FRACTIONS, PER_PACK_LABELS, format_number
 from prep.stats.records import Distribution, GroupStats, PackStats, Stats
 
@@ -33,7 +34,7 @@ PACK_PLOTS = (
 )
 
 
-class StatsDependencyError(ImportError):
+class StatsDependencyError(ResourceError, ImportError):
     """matplotlib, needed for the report's plots, is not installed."""
 
 

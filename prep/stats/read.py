@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 from tqdm import tqdm
 
+from packvlm.errors import UsageError
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, part_name
 from schemas.manifest import (
     ManifestError,
@@ -40,7 +41,7 @@ SAMPLE_COLUMNS = ("dataset", "num_tokens", "num_text_tokens", "num_media_tokens"
 ERROR_COLUMNS = ("dataset", "reason", "sample_id", "source", "line", "copy", "message")
 
 
-class StatsInputError(ValueError):
+class StatsInputError(UsageError, ValueError):
     """The directory is not a finished, consistent `prep tokenize` or `prep pack` output."""
 
 

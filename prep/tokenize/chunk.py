@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from packvlm.errors import InternalError
 from prep.sources.conversation import Conversation
 from prep.sources.errors import RecordError
 from prep.sources.formats.base import reader_for
@@ -23,12 +24,11 @@ from prep.tokenize.errors import SampleError
 from prep.tokenize.families.base import MediaCount
 from prep.tokenize.processor_path import ReferenceUnavailable, reference_input_ids
 from prep.tokenize.sample import TokenizedSample
-from prep.worker_errors import WorkerInputError
 from schemas.dataset_config import DatasetSpec
 from schemas.tokenized import ERRORS_SCHEMA, SAMPLES_SCHEMA, make_sample_id
 
 
-class VerifyMismatch(WorkerInputError):
+class VerifyMismatch(InternalError):
     """Closed-form ids differ from the real processor's: a counter bug. Fails the run (unwrapped from Ray)."""
 
 

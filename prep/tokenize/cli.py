@@ -6,6 +6,7 @@ import click
 
 from prep.cli_options import default_of, executor_options
 from prep.run import ExecutorConfig
+from prep.sources.media import DECODE_LIMIT_PIXELS
 from prep.tokenize.stage import TokenizeConfig
 
 
@@ -55,6 +56,14 @@ from prep.tokenize.stage import TokenizeConfig
     default=default_of(TokenizeConfig, "max_error_rate"),
     show_default=True,
     help="Exit non-zero above this error fraction.",
+)
+@click.option(
+    "--max-image-pixels",
+    type=click.IntRange(min=1, max=DECODE_LIMIT_PIXELS),
+    default=default_of(TokenizeConfig, "max_image_pixels"),
+    show_default=True,
+    help="Images with more pixels (width x height) become image_too_large error rows (decompression bombs); "
+    "the default and maximum is where PIL, which training decodes with, refuses.",
 )
 @executor_options
 def tokenize_command(executor: ExecutorConfig, **options: object) -> None:

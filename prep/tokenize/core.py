@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prep.sources.conversation import Conversation, MediaKind
-from prep.sources.media import LmdbPool, MediaError, image_header, video_header
+from prep.sources.media import DECODE_LIMIT_PIXELS, LmdbPool, MediaError, image_header, video_header
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
 from prep.tokenize.errors import SampleError
 from prep.tokenize.expansion import expand_placeholders
@@ -38,9 +38,12 @@ from schemas.reasons import Reason
 class SampleTokenizer:
     """Per-worker state, opened once: processor pieces, family counter, LMDB environments."""
 
-    def __init__(self, bundle: ProcessorBundle, *, max_length: int | None = None) -> None:
+    def __init__(
+        self, bundle: ProcessorBundle, *, max_length: int | None = None, max_image_pixels: int = DECODE_LIMIT_PIXELS
+    ) -> None:
         self.bundle = bundle
         self.max_length = max_length
+        self.max_image_pixels = max_image_pixels
         factory = find_counter(bundle.processor_class)
         self.counter: MediaCounter | None = factory(bundle) if factory else None
         self.content_lists = needs_content_lists(bundle.tokenizer, bundle.chat_template)
@@ -50,8 +53,10 @@ class SampleTokenizer:
         """Exact ids and loss mask of one conversation; a bad sample raises SampleError."""
         conv = self.for_template(conv)
         if self.counter is None:
+            self._check_image_sizes(conv)
             sample = tokenize_with_processor(self.bundle, conv, sampling, self.lmdb)
         elif not getattr(self.counter, "counts_video", True) and any(m.kind == "video" for m in conv.media):
+            self._check_image_sizes(conv)
             sample = self._video_with_processor(conv, sampling)
         else:
             sample = self._tokenize_closed_form(self.counter, conv, sampling)
@@ -64,6 +69,15 @@ class SampleTokenizer:
         if not self.content_lists:  # see prep.tokenize.content_style
             return conv
         return replace(conv, messages=as_content_lists(conv.messages))
+
+    def _check_image_sizes(self, conv: Conversation) -> None:
+        """Before the real processor decodes them: images past --max-image-pixels are error rows."""
+        for item in conv.media:
+            if item.kind == "image":
+                try:
+                    image_header(item.ref, self.lmdb, self.max_image_pixels)
+                except MediaError as exc:
+                    raise SampleError(exc.reason, str(exc)) from exc
 
     def _video_with_processor(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
         """A family whose video has no closed form (``counts_video = False``): the real processor, or an error row."""
@@ -96,7 +110,7 @@ class SampleTokenizer:
         """The counter's answer for one item, with its source size and encoded size."""
         try:
             if kind == "image":
-                image = image_header(ref, self.lmdb)
+                image = image_header(ref, self.lmdb, self.max_image_pixels)
                 width, height, num_bytes = image.width, image.height, image.num_bytes
                 count = counter.count_image(width, height)
             else:

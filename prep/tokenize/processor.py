@@ -25,10 +25,12 @@ import transformers
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, ProcessorMixin
 from transformers.utils import IMAGE_PROCESSOR_NAME, VIDEO_PROCESSOR_NAME, cached_file, is_torchvision_available
 
+from packvlm.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 
-class ProcessorLoadError(RuntimeError):
+class ProcessorLoadError(UsageError):
     """The processor path cannot give a tokenizer + chat template; says what to fix."""
 
 

@@ -59,6 +59,8 @@ def _media_inputs(bundle: ProcessorBundle, conv: Conversation, lmdb: LmdbPool) -
             inputs.images.append(load_image(Image.open(io.BytesIO(data))))
         except MediaError as exc:
             raise SampleError(exc.reason, str(exc)) from exc
+        except Image.DecompressionBombError as exc:  # the tokenizer checks sizes first; PIL's own limit, still
+            raise SampleError(Reason.IMAGE_TOO_LARGE, f"{item.ref.format()}: {exc}") from exc
         except (OSError, SyntaxError, ValueError) as exc:
             raise SampleError(Reason.CORRUPT_IMAGE, f"{item.ref.format()}: {exc}") from exc
         inputs.num_bytes.append(len(data))

@@ -21,9 +21,11 @@ from typing import Any
 import pyarrow as pa
 
 from packvlm.atomic import write_arrow_atomic, write_json_atomic
+from packvlm.errors import DataBudgetError, InternalError, UsageError
 from packvlm.faults import crash_point
 from prep.outputs import claim_output_dir, file_fingerprint
 from prep.run import ExecutorConfig, run_tasks
+from prep.sources.media import DECODE_LIMIT_PIXELS
 from prep.sources.records import Chunk, plan_chunks
 from schemas.dataset_config import DatasetSpec, read_dataset_config, spec_to_json
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, part_name
@@ -33,15 +35,15 @@ from schemas.stages import Stage
 log = logging.getLogger(__name__)
 
 
-class ConservationError(RuntimeError):
+class ConservationError(InternalError):
     """Rows were lost or duplicated between input and output: a bug, never ignored."""
 
 
-class ErrorRateExceeded(RuntimeError):
+class ErrorRateExceeded(DataBudgetError):
     """More per-sample errors than --max-error-rate allows (outputs are still written)."""
 
 
-class OutputDirConflict(RuntimeError):
+class OutputDirConflict(UsageError):
     """The output directory holds a different run."""
 
 
@@ -58,11 +60,21 @@ class TokenizeConfig:
     seed: int = 0
     rows_per_chunk: int = 512
     max_error_rate: float = 0.05  # per dataset: a run that loses more fails (its outputs are kept)
+    max_image_pixels: int = DECODE_LIMIT_PIXELS  # larger images are image_too_large rows (never reach train)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def output_fields(self) -> dict[str, Any]:
         """The options the output depends on (written to the manifest and the resume check)."""
-        keep = ("dataset_config", "processor", "datasets", "max_length", "verify_fraction", "seed", "rows_per_chunk")
+        keep = (
+            "dataset_config",
+            "processor",
+            "datasets",
+            "max_length",
+            "verify_fraction",
+            "seed",
+            "rows_per_chunk",
+            "max_image_pixels",
+        )
         out = {k: v for k, v in asdict(self).items() if k in keep}
         out["dataset_config"] = str(Path(self.dataset_config).resolve())
         out["datasets"] = list(self.datasets)
@@ -79,7 +91,11 @@ class TokenizeWorker:
         config = json.loads(config_json)
         self.out = Path(config["output_dir"])
         self.specs = {s["name"]: _spec_from_json(s) for s in json.loads(specs_json)}
-        self.tokenizer = SampleTokenizer(load_processor(config["processor"]), max_length=config["max_length"])
+        self.tokenizer = SampleTokenizer(
+            load_processor(config["processor"]),
+            max_length=config["max_length"],
+            max_image_pixels=int(config["max_image_pixels"]),
+        )
         self.verify_fraction = float(config["verify_fraction"])
         self.seed = int(config["seed"])
 
@@ -186,7 +202,7 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
     }
     run_tasks(TokenizeWorker, worker_kwargs, [_chunk_json(c) for c in pending], config.executor, desc="tokenize")
     expected = sum(sum(c.copies) for c in chunks)
-    summary = summarize_output(out, [c.index for c in chunks])
+    summary = summarize_output(out, [c.index for c in chunks], tuple(s.name for s in specs))
     if summary.rows.samples + summary.rows.errors != expected:
         raise ConservationError(
             f"{expected} input rows but {summary.rows.samples} samples + {summary.rows.errors} errors"
@@ -211,7 +227,8 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
 
 
 def check_error_budget(manifest: TokenizeManifest, max_error_rate: float, out: Path) -> None:
-    """Fail when any dataset lost more than ``max_error_rate`` of its rows (or yielded no sample).
+    """Fail when any dataset lost more than ``max_error_rate`` of its rows, or yielded no sample:
+    an empty dataset (no row at all) fails whatever the rate, an all-errors one unless the rate is 1.
 
     Raises:
         ErrorRateExceeded: Names each dataset over budget with its rate, its top error reasons
@@ -219,22 +236,31 @@ def check_error_budget(manifest: TokenizeManifest, max_error_rate: float, out: P
     """
     from prep.tokenize.summary import error_examples, format_dataset_table
 
-    over = {}
+    over: dict[str, str] = {}
+    empty: dict[str, str] = {}
     for name, rows in manifest.per_dataset.items():
         total = rows.samples + rows.errors
         rate = rows.errors / total if total else 0.0
-        if rate > max_error_rate or (total and not rows.samples and max_error_rate < 1.0):
+        if not total:
+            empty[name] = next((s["file_name"] for s in manifest.datasets if s["name"] == name), "?")
+        elif rate > max_error_rate or (not rows.samples and max_error_rate < 1.0):
             over[name] = f"{name} {rows.errors:,}/{total:,} rows ({rate:.1%})"
+    if not (over or empty):
+        return
+    lines = []
+    if empty:
+        files = "; ".join(f"{name!r} ({file})" for name, file in empty.items())
+        lines.append(f"no rows at all (an empty file or an empty list) in dataset {files}: fill it or leave it out")
     if over:
-        lines = [f"error rate over --max-error-rate {max_error_rate:.1%}: {'; '.join(over.values())}"]
-        for name, examples in error_examples(out, set(over)).items():
-            lines.append(f"  dataset {name!r}, top error reasons:")
-            lines += [f"    {e.reason} {e.count:,}, e.g. {e.sample_id}: {e.message}" for e in examples]
-        lines += ["per dataset:", format_dataset_table(manifest)]
-        raise ErrorRateExceeded(
-            "\n".join(lines) + f"\nOutputs are kept in {out}: see why with `prep errors {out}`; fix the data or "
-            "raise --max-error-rate (rerunning with only that change resumes)"
-        )
+        lines.append(f"error rate over --max-error-rate {max_error_rate:.1%}: {'; '.join(over.values())}")
+    for name, examples in error_examples(out, set(over)).items():
+        lines.append(f"  dataset {name!r}, top error reasons:")
+        lines += [f"    {e.reason} {e.count:,}, e.g. {e.sample_id}: {e.message}" for e in examples]
+    lines += ["per dataset:", format_dataset_table(manifest)]
+    raise ErrorRateExceeded(
+        "\n".join(lines) + f"\nOutputs are kept in {out}: see why with `prep errors {out}`; fix the data or "
+        "raise --max-error-rate (rerunning with only that change resumes)"
+    )
 
 
 def _processor_identity(path: str) -> ProcessorIdentity:

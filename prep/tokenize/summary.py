@@ -24,9 +24,13 @@ class OutputSummary:
     verify: VerifyCounts
 
 
-def summarize_output(out: Path, chunk_indices: list[int]) -> OutputSummary:
-    """Row counts, token totals, errors by reason and verification tallies over all parts."""
-    per_dataset: dict[str, Counter[str]] = {}
+def summarize_output(out: Path, chunk_indices: list[int], datasets: tuple[str, ...] = ()) -> OutputSummary:
+    """Row counts, token totals, errors by reason and verification tallies over all parts.
+
+    Every name in ``datasets`` gets a row, so a dataset that yielded no row at all (an empty
+    file) stays in the manifest and the table instead of vanishing.
+    """
+    per_dataset: dict[str, Counter[str]] = {name: Counter() for name in datasets}
     reasons: Counter[str] = Counter()
     totals: Counter[str] = Counter()
     verified = skipped = 0

@@ -29,6 +29,7 @@ import torch
 from tqdm import tqdm
 from transformers import get_scheduler
 
+from packvlm.errors import UsageError
 from prep.outputs import claim_output_dir
 from schemas.train import CHECKPOINTS_DIR, LOG_FILE, METRICS_FILE
 from train.attention import select_attention
@@ -59,7 +60,7 @@ from train.models import load_model
 log = logging.getLogger(__name__)
 
 
-class TrainRunConflict(ValueError):
+class TrainRunConflict(UsageError, ValueError):
     """OUT holds another run, or a run that --resume was not asked to continue."""
 
 

@@ -9,7 +9,6 @@ import click
 
 from prep.cli_options import default_of
 from train.megatron.loop import MegatronTrainConfig
-from train.megatron.params import ContextParallelPaddingError, MegatronNotInstalledError
 
 
 @click.command("megatron")
@@ -93,18 +92,8 @@ def megatron_command(**options: object) -> None:
     plus transformer_engine[pytorch]); without them it stops at once and says what to
     install. Alone or under torchrun: tensor/pipeline parallel 1, data parallel = GPUs.
     """
-    from train.dataset import TrainConfigError
-    from train.megatron.loop import MediaInPackError, MegatronRunConflict, run
+    from train.megatron.loop import run
 
     if not logging.getLogger().handlers:  # the step log lines; the `train` group may have set this up
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        run(MegatronTrainConfig(**options))  # type: ignore[arg-type]
-    except (
-        MegatronNotInstalledError,
-        TrainConfigError,
-        MediaInPackError,
-        MegatronRunConflict,
-        ContextParallelPaddingError,
-    ) as err:
-        raise click.ClickException(str(err)) from err
+    run(MegatronTrainConfig(**options))  # type: ignore[arg-type]  # the `train` group maps its errors to exit codes

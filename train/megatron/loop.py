@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from packvlm.atomic import atomic_path
+from packvlm.errors import UsageError
 from prep.outputs import claim_output_dir
 from prep.tokenize.processor import load_processor
 from schemas.train import METRICS_FILE
@@ -47,11 +48,11 @@ log = logging.getLogger(__name__)
 MODEL_FILE = "model.pt"
 
 
-class MediaInPackError(ValueError):
+class MediaInPackError(UsageError, ValueError):
     """A micro-batch holds images or videos, which the text-only Megatron path cannot encode."""
 
 
-class MegatronRunConflict(ValueError):
+class MegatronRunConflict(UsageError, ValueError):
     """OUT already holds a run."""
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from packvlm.errors import ResourceError, UsageError
 from train.batch import PackedBatch
 
 MEGATRON_INSTALL_HINT = (
@@ -43,11 +44,11 @@ MEGATRON_INSTALL_HINT = (
 )
 
 
-class MegatronNotInstalledError(ImportError):
+class MegatronNotInstalledError(ResourceError, ImportError):
     """megatron-core (or Transformer Engine) is needed for this call and is not importable."""
 
 
-class ContextParallelPaddingError(ValueError):
+class ContextParallelPaddingError(UsageError, ValueError):
     """A slot of the micro-batch cannot be split into ``2 * cp`` equal chunks."""
 
 
