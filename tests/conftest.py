@@ -28,13 +28,18 @@ def bundles(processor_dirs: dict[str, Path]) -> dict:
     return {f: load_processor(str(p)) for f, p in processor_dirs.items()}
 
 
+def start_test_ray(ray) -> None:
+    """A private local Ray: 2 CPUs, no dashboard, never the cluster a stale
+    ``/tmp/ray/ray_current_cluster`` names (``address="local"``)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
-    """One private local Ray for the whole session: 2 CPUs, no dashboard, never a cluster that
-    ``/tmp/ray/ray_current_cluster`` names (``address="local"``)."""
+    """One local Ray for the whole session (`start_test_ray`)."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_test_ray(ray)
     yield ray
     ray.shutdown()
 

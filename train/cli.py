@@ -11,6 +11,7 @@ import click
 
 from prep.cli_errors import ErrorMappingGroup, debug_option
 from prep.cli_options import default_of
+from train.loader import SAMPLINGS
 from train.loops.hf import HFTrainConfig, run
 
 
@@ -94,11 +95,19 @@ _PATH = click.Path(path_type=Path)
     help="Loader worker processes per rank.",
 )
 @click.option(
+    "--sampling",
+    type=click.Choice(SAMPLINGS),
+    default=_default("sampling"),
+    show_default=True,
+    help="epoch: every pack exactly once per epoch across ranks and workers, in a seeded order that differs per "
+    "epoch; buffer: Energon's streaming shuffle buffer (epochs overlap).",
+)
+@click.option(
     "--shuffle-buffer-size",
     type=click.IntRange(min=0),
     default=_default("shuffle_buffer_size"),
     show_default=True,
-    help="Energon sample shuffle buffer (packs).",
+    help="Energon sample shuffle buffer (packs), with --sampling buffer.",
 )
 def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.

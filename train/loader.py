@@ -8,9 +8,24 @@ worker, so a dataset with fewer packs than that is refused up front (some worker
 none). With ``repeat=False`` ranks may end a few micro-batches apart (ranges differ by one
 pack); training loops use ``repeat=True``.
 
-Shuffling (shard slices and the sample buffer) draws from Energon's worker RNG, seeded from
-``WorkerConfig.seed_offset`` = ``LoaderConfig.seed`` and the global worker id: the same seed,
-ranks and workers give the same micro-batches. Loader state for checkpoints::
+Sampling (``LoaderConfig.sampling``):
+
+- ``"epoch"`` (default): every pack exactly once per epoch across all ranks and workers, in
+  an order that differs per epoch. Each global worker walks a fresh seeded permutation of its
+  own packs per epoch (Energon: slices of one pack, ``max_samples_per_sequence=1``, shuffled
+  without replacement over one epoch, ``shuffle_over_epochs_multiplier=1``), and no sample
+  buffer mixes one epoch into the next (``shuffle_buffer_size=None``). The loader takes one
+  micro-batch from each worker in turn and ranks step together, so after ``num_packs``
+  packs consumed every worker has finished exactly one epoch. Exact when ``num_packs``
+  divides by ranks x workers; otherwise worker ranges differ by one pack, each worker's
+  epochs stay exact, and packs of the shorter ranges come round a little more often (logged).
+- ``"buffer"``: Energon's streaming default as before: slices of ``max_samples_per_sequence``
+  packs read in parallel and a shuffle buffer of ``shuffle_buffer_size`` packs, which lets
+  epochs overlap (some packs twice before others once).
+
+Shuffling draws from Energon's worker RNG, seeded from ``WorkerConfig.seed_offset`` =
+``LoaderConfig.seed`` and the global worker id: the same seed, ranks and workers give the same
+micro-batches. Loader state for checkpoints::
 
     state = loader_state(loader)                 # bytes, per rank; store beside the model
     loader = make_loader(config, state=state)    # a fresh loader continuing where it stopped
@@ -18,14 +33,20 @@ ranks and workers give the same micro-batches. Loader state for checkpoints::
 
 from __future__ import annotations
 
+import logging
 import pickle
 from dataclasses import dataclass
+from typing import Literal
 
 from megatron.energon import SavableDataLoader, WorkerConfig, get_savable_loader, get_train_dataset
 from megatron.energon.errors import reraise_exception
 
 from train.dataset import PackedDatasetInfo, TrainConfigError, open_packed_dataset
 from train.encoder import ModelConfigSource, PackedBatchTaskEncoder
+
+log = logging.getLogger(__name__)
+Sampling = Literal["epoch", "buffer"]
+SAMPLINGS: tuple[Sampling, ...] = ("epoch", "buffer")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,8 +61,9 @@ class LoaderConfig:
     num_workers: int = 2  # loader worker processes per rank (0: in the main process)
     packs_per_microbatch: int = 1
     seed: int = 0
-    shuffle_buffer_size: int | None = 100
-    max_samples_per_sequence: int | None = 100
+    sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle
+    shuffle_buffer_size: int | None = 100  # "buffer" only
+    max_samples_per_sequence: int | None = 100  # "buffer" only
     repeat: bool = True
     split: str = "train"
 
@@ -64,12 +86,20 @@ def validate_loader_config(config: LoaderConfig) -> PackedDatasetInfo:
         raise TrainConfigError(
             f"num_workers {config.num_workers} must be >= 0 and packs_per_microbatch {config.packs_per_microbatch} >= 1"
         )
-    return open_packed_dataset(
-        config.data,
-        config.processor,
-        split=config.split,
-        min_packs=config.world_size * max(1, config.num_workers),
-    )
+    if config.sampling not in SAMPLINGS:
+        raise TrainConfigError(f"sampling {config.sampling!r} is not one of {', '.join(SAMPLINGS)}")
+    workers = config.world_size * max(1, config.num_workers)
+    info = open_packed_dataset(config.data, config.processor, split=config.split, min_packs=workers)
+    if config.sampling == "epoch" and info.num_packs % workers:
+        log.warning(
+            "%d packs over %d data-parallel workers (ranks x loader workers): %d workers hold one pack more, so "
+            "an epoch is exact per worker but not across them; a pack count divisible by %d makes it exact",
+            info.num_packs,
+            workers,
+            info.num_packs % workers,
+            workers,
+        )
+    return info
 
 
 def make_loader(config: LoaderConfig, *, state: bytes | None = None, validate: bool = True) -> SavableDataLoader:
@@ -82,13 +112,15 @@ def make_loader(config: LoaderConfig, *, state: bytes | None = None, validate: b
     """
     if validate:
         validate_loader_config(config)
+    per_epoch = config.sampling == "epoch"
     dataset = get_train_dataset(
         config.data,
         split_part=config.split,
         worker_config=config.worker_config(),
         batch_size=config.packs_per_microbatch,
-        shuffle_buffer_size=config.shuffle_buffer_size,
-        max_samples_per_sequence=config.max_samples_per_sequence,
+        shuffle_buffer_size=None if per_epoch else config.shuffle_buffer_size,
+        max_samples_per_sequence=1 if per_epoch else config.max_samples_per_sequence,
+        shuffle_over_epochs_multiplier=1,
         task_encoder=PackedBatchTaskEncoder(config.processor, config.model),
         repeat=config.repeat,
     )

@@ -52,7 +52,7 @@ from train.distributed import (
     shutdown,
 )
 from train.forward import packed_forward
-from train.loader import LoaderConfig, loader_state, make_loader, validate_loader_config
+from train.loader import LoaderConfig, Sampling, loader_state, make_loader, validate_loader_config
 from train.loss import global_label_tokens, token_loss_sum
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
@@ -86,7 +86,8 @@ class HFTrainConfig:
     resume: bool = False
     device: str = "auto"
     num_workers: int = 2
-    shuffle_buffer_size: int = 100
+    sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
+    shuffle_buffer_size: int = 100  # with sampling "buffer"
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
@@ -116,6 +117,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         num_workers=config.num_workers,
         packs_per_microbatch=config.packs_per_microbatch,
         seed=config.seed,
+        sampling=config.sampling,
         shuffle_buffer_size=config.shuffle_buffer_size,
     )
     info = validate_loader_config(loader_config)  # fail fast, before a model is built
