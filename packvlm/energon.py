@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from typing import Any, TypeVar
 
 import numpy as np
@@ -37,9 +38,18 @@ from schemas.packed import (
     PackMeta,
 )
 
+PIN_MEMORY_WARNING = "'pin_memory' argument is set as true but no accelerator is found"  # torch's DataLoader
+
 T_encoded = TypeVar("T_encoded")
 T_raw_batch = TypeVar("T_raw_batch")
 T_batch = TypeVar("T_batch")
+
+
+def quiet_pin_memory_without_accelerator() -> None:
+    """Energon's loaders always ask torch to pin memory; without a GPU torch warns about it at
+    every iteration start (nothing is pinned either way). Filter exactly that warning, for
+    `prep energon-index --verify` and `train` on CPU."""
+    warnings.filterwarnings("ignore", message=PIN_MEMORY_WARNING, category=UserWarning)
 
 
 class PackDecodeError(UsageError, ValueError):

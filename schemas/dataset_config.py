@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,18 @@ class ConfigError(UsageError, ValueError):
 
 
 class UnsupportedEntry(ConfigError):
-    """A valid LLaMA-Factory entry that `prep tokenize` cannot read (not SFT, or not local)."""
+    """A valid LLaMA-Factory entry that `prep tokenize` cannot read (not SFT, or not local).
+
+    ``kind`` says why in a few words (one of `SKIP_KINDS`), so a whole ``dataset_info.json``'s
+    skipped entries can be summarised by kind.
+    """
+
+    def __init__(self, message: str, kind: str = "not supervised") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+SKIP_KINDS = ("not on local disk", "preference (DPO/RM/KTO)", "audio", "pre-training text")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,6 +134,7 @@ class DatasetSpec:
 class SkippedEntry:
     name: str
     why: str  # the whole message: entry, key and what to do
+    kind: str = "not supervised"  # UnsupportedEntry.kind
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,12 +163,14 @@ def _columns(raw: dict[str, Any], where: str, formatting: str) -> Columns:
     if given.get("kto_tag"):
         raise UnsupportedEntry(
             f"{where}: columns.kto_tag makes it a KTO (preference) dataset; prep tokenize makes supervised "
-            f"samples: remove kto_tag to train on its conversations as SFT, or {SELECT_OTHERS}"
+            f"samples: remove kto_tag to train on its conversations as SFT, or {SELECT_OTHERS}",
+            SKIP_KINDS[1],
         )
     if given.get("audios"):
         raise UnsupportedEntry(
             f"{where}: columns.audios: audio inputs are not supported (no audio token counts); "
-            f"drop the audios column, or {SELECT_OTHERS}"
+            f"drop the audios column, or {SELECT_OTHERS}",
+            SKIP_KINDS[2],
         )
     kwargs = {k: v for k, v in given.items() if k not in UNUSED_COLUMNS | {"audios", "kto_tag"}}
     if "columns" in raw:
@@ -169,7 +184,8 @@ def _columns(raw: dict[str, Any], where: str, formatting: str) -> Columns:
     if formatting == "alpaca" and columns.response is None:
         raise UnsupportedEntry(
             f"{where}: an alpaca entry without columns.response is pre-training text (LLaMA-Factory's stage pt); "
-            f"prep tokenize makes supervised samples: add columns.response, or {SELECT_OTHERS}"
+            f"prep tokenize makes supervised samples: add columns.response, or {SELECT_OTHERS}",
+            SKIP_KINDS[3],
         )
     return columns
 
@@ -178,14 +194,16 @@ def _refuse_non_sft(name: str, raw: dict[str, Any], where: str) -> None:
     if raw.get("ranking"):
         raise UnsupportedEntry(
             f"{where}: ranking: true is a preference (DPO/RM) dataset; prep tokenize makes supervised samples; "
-            f"{SELECT_OTHERS}"
+            f"{SELECT_OTHERS}",
+            SKIP_KINDS[1],
         )
     if "file_name" not in raw and "cloud_file_name" not in raw:
         hub = [k for k in HUB_KEYS if k in raw]
         if hub:
             raise UnsupportedEntry(
                 f"{where}: {hub[0]} {raw[hub[0]]!r} is not on local disk; download it and point file_name at it "
-                f"(a file or folder, relative to the config), or {SELECT_OTHERS}"
+                f"(a file or folder, relative to the config), or {SELECT_OTHERS}",
+                SKIP_KINDS[0],
             )
         raise ConfigError(f"{where}: missing 'file_name' (or 'cloud_file_name')")
 
@@ -289,7 +307,7 @@ def read_dataset_config(path: str | Path, only: list[str] | None = None) -> Data
         except UnsupportedEntry as exc:
             if only:
                 raise
-            skipped.append(SkippedEntry(name=n, why=str(exc)))
+            skipped.append(SkippedEntry(name=n, why=str(exc), kind=exc.kind))
     if not specs:
         raise ConfigError(
             f"no entry of {str(path)!r} can be read by prep tokenize: " + "; ".join(s.why for s in skipped)
@@ -300,9 +318,25 @@ def read_dataset_config(path: str | Path, only: list[str] | None = None) -> Data
 def load_dataset_config(path: str | Path, only: list[str] | None = None) -> list[DatasetSpec]:
     """The readable entries of a config (see :func:`read_dataset_config`); skipped ones are logged."""
     config = read_dataset_config(path, only)
-    for entry in config.skipped:
-        log.warning("skipped: %s", entry.why)
+    log_skipped(config.skipped)
     return config.specs
+
+
+def log_skipped(skipped: list[SkippedEntry]) -> None:
+    """One warning line counting the skipped entries by kind; each entry's message at debug level
+    (``prep -v``): a whole LLaMA-Factory ``dataset_info.json`` skips ~100 entries."""
+    if not skipped:
+        return
+    for entry in skipped:
+        log.debug("skipped: %s", entry.why)
+    kinds = Counter(entry.kind for entry in skipped)
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    log.warning(
+        "skipped %d %s that prep tokenize cannot read: %s (-v lists each with what to do)",
+        len(skipped),
+        "entry" if len(skipped) == 1 else "entries",
+        counts,
+    )
 
 
 def spec_to_json(spec: DatasetSpec) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from typing import Literal
 from megatron.energon import SavableDataLoader, WorkerConfig, get_savable_loader, get_train_dataset
 from megatron.energon.errors import reraise_exception
 
+from packvlm.energon import quiet_pin_memory_without_accelerator
 from train.dataset import PackedDatasetInfo, TrainConfigError, open_packed_dataset
 from train.encoder import ModelConfigSource, PackedBatchTaskEncoder
 
@@ -124,6 +125,7 @@ def make_loader(config: LoaderConfig, *, state: bytes | None = None, validate: b
         task_encoder=PackedBatchTaskEncoder(config.processor, config.model),
         repeat=config.repeat,
     )
+    quiet_pin_memory_without_accelerator()
     loader = get_savable_loader(dataset)
     if state is not None:
         loader.restore_state_rank(pickle.loads(state))

@@ -203,8 +203,9 @@ def _load_keys(root: Path, split: str, num_workers: int) -> list[str]:
     no shuffle), other splits via `get_val_dataset`."""
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset, get_val_dataset
 
-    from packvlm.energon import PackedTaskEncoder
+    from packvlm.energon import PackedTaskEncoder, quiet_pin_memory_without_accelerator
 
+    quiet_pin_memory_without_accelerator()
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
     if split == "train":
         ds = get_train_dataset(

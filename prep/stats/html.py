@@ -13,8 +13,8 @@ from prep.stats.records import Distribution, GroupStats, PackStats, Stats
 CSS = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
+td.num { text-align: right; }
 figure { margin: 1.5em 0; }
 img { max-width: 100%; }
 """
@@ -54,17 +54,27 @@ def render_html(stats: Stats, plots: list[Plot], title: str, input_dir: str = "D
 
 
 def _figure(plot: Plot) -> str:
+    """The plot alone: its title is drawn in the image (a caption only repeated it); ``alt`` keeps it."""
     data = base64.b64encode(plot.png).decode("ascii")
-    return (
-        f'<figure id="{escape(plot.key)}"><img src="data:image/png;base64,{data}" alt="{escape(plot.title)}">'
-        f"<figcaption>{escape(plot.title)}</figcaption></figure>"
-    )
+    image = f'<img src="data:image/png;base64,{data}" alt="{escape(plot.title)}">'
+    return f'<figure id="{escape(plot.key)}">{image}</figure>'
 
 
 def _table(header: list[str], rows: list[list[object]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value: object) -> str:
+    """Numbers right-aligned (class ``num``), text (ids, reasons, messages) left-aligned."""
+    numeric = isinstance(value, (int, float)) or (isinstance(value, str) and _looks_numeric(value))
+    return f'<td class="num">{escape(_fmt(value))}</td>' if numeric else f"<td>{escape(_fmt(value))}</td>"
+
+
+def _looks_numeric(text: str) -> bool:
+    """Formatted numbers: ``1,234``, ``97.5%``, ``0.42``."""
+    return bool(text) and text.replace(",", "").replace("%", "").replace(".", "", 1).lstrip("-").isdigit()
 
 
 def _groups(stats: Stats) -> list[tuple[str, GroupStats]]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from packvlm.errors import ResourceError
 from prep.stats.labels import FRACTIONS, PER_PACK_LABELS, format_number
-from prep.stats.records import Distribution, GroupStats, PackStats, Stats
+from prep.stats.records import Distribution, GroupStats, PackStats, Stats, overflow_start
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -91,15 +91,33 @@ def _draw(paint: Callable[[Axes], None]) -> bytes:
 
 
 def _lengths(ax: Axes, groups: dict[str, Distribution], title: str) -> None:
-    """One step histogram per dataset over the shared bin edges."""
+    """One step histogram per dataset over the shared bin edges; an overflow bin (`overflow_start`)
+    is drawn as wide as the others, shaded and labelled, so outliers do not stretch the axis."""
+    overflow = None
     for name, dist in groups.items():
         hist = dist.histogram
         if hist is None:
             continue
         facts = ", ".join(f"{k}={format_number(getattr(dist, k))}" for k in ("p50", "p99", "max"))
         label = f"{name} (n={dist.count:,}, {facts})"
-        ax.stairs(hist.counts, hist.edges, label=label, linewidth=1.6)
-    ax.set_title(f"{title}, by dataset")
+        edges = list(hist.edges)
+        overflow = overflow_start(hist.edges)
+        if overflow is not None:
+            edges[-1] = edges[-2] + (edges[1] - edges[0])
+        ax.stairs(hist.counts, edges, label=label, linewidth=1.6)
+        shown = edges
+    if overflow is not None:
+        ax.axvspan(shown[-2], shown[-1], color="0.92", zorder=0)
+        ax.text(
+            (shown[-2] + shown[-1]) / 2,
+            0.98,
+            f"≥ {format_number(overflow)}",
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="top",
+            fontsize="small",
+        )
+    ax.set_title(f"{title}, by dataset" + (" (shaded: the samples beyond p99)" if overflow is not None else ""))
     ax.set_xlabel("tokens per sample")
     ax.set_ylabel("samples")
     _integer_ticks(ax.xaxis)

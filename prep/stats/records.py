@@ -1,7 +1,10 @@
 """Typed results of `prep stats` and their JSON form (``stats.json``).
 
 Integer data get integer bin edges ``[lo, lo + w, ...]`` with ``w = ceil((max - min + 1) /
-bins)``, so each bin holds whole token counts; fractions (pack fill) get ``bins`` equal bins
+bins)``, so each bin holds whole token counts; when the top 1 % would stretch the range more
+than `OVERFLOW_STRETCH` times (one 15k-token sample among 500-token ones), ``bins - 1`` bins
+cover ``[min, p99]`` and one overflow bin holds the rest up to ``max``, so an outlier no longer
+squeezes every sample into the first bins. Fractions (pack fill) get ``bins`` equal bins
 over ``[0, 1]``. Percentiles are observed values (``inverted_cdf``: the smallest value with
 at least q% of the data at or below it). Example, lengths ``[3, 5, 5, 9]``, bins=3::
 
@@ -20,6 +23,7 @@ from schemas.codec import to_json
 from schemas.stages import Stage
 
 PERCENTILES = (50, 90, 99)
+OVERFLOW_STRETCH = 4  # max - min over (p99 - min + 1) past which the tail goes into one overflow bin
 Number = int | float
 
 
@@ -190,13 +194,31 @@ class Stats:
 
 
 def integer_edges(values: np.ndarray, bins: int) -> np.ndarray:
-    """At most ``bins`` equal integer-width bins covering ``[min, max]``."""
+    """At most ``bins`` integer-width bins covering ``[min, max]``: equal ones, or equal ones up
+    to p99 plus one overflow bin when a few outliers would stretch the range (module docstring)."""
     if values.size == 0:
         return np.array([0, 1], dtype=np.int64)
     lo, hi = int(values.min()), int(values.max())
+    top = int(np.percentile(values, 99, method="inverted_cdf"))
+    if bins >= 3 and hi - lo + 1 > OVERFLOW_STRETCH * (top - lo + 1):
+        regular = _equal_edges(lo, top, bins - 1)
+        return np.append(regular, hi + 1)
+    return _equal_edges(lo, hi, bins)
+
+
+def _equal_edges(lo: int, hi: int, bins: int) -> np.ndarray:
+    """At most ``bins`` equal integer-width bins covering ``[lo, hi]``."""
     width = max(1, -(-(hi - lo + 1) // bins))
     count = -(-(hi - lo + 1) // width)
     return lo + width * np.arange(count + 1, dtype=np.int64)
+
+
+def overflow_start(edges: tuple[Number, ...]) -> Number | None:
+    """Where the overflow bin of `integer_edges` starts (its last bin wider than the others), or None."""
+    if len(edges) < 4:
+        return None
+    first, last = edges[1] - edges[0], edges[-1] - edges[-2]
+    return edges[-2] if last > 2 * first else None
 
 
 def integer_distribution(values: np.ndarray, bins: int) -> Distribution:

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,15 +70,26 @@ class ProcessorBundle:
         return {"class": self.processor_class, "sha256": digest.hexdigest(), "source": self.source}
 
 
+NOTED_ENV = "PACKVLM_NOTED_NO_TORCHVISION"  # set once noted: processes started after inherit it
+
+
 @functools.cache
 def _warn_no_torchvision_once(path: str) -> None:
-    """One whole note per processor and process (transformers' own message is long and was cut)."""
+    """One whole note per processor and run (transformers' own message is long and was cut).
+
+    The driver notes it first; Ray actors and loader workers inherit `NOTED_ENV` and stay
+    quiet, instead of each repeating the note on the console.
+    """
+    if path in os.environ.get(NOTED_ENV, "").split(os.pathsep):
+        log.debug("%s: no torchvision (noted by the parent process)", path)
+        return
     log.warning(
         "%s: the HF video processor needs torchvision, which is not installed; loading the tokenizer, chat "
         "template and PIL image processor directly. Counting is unaffected; only video verification is off "
         "(pip install torchvision to enable it).",
         path,
     )
+    os.environ[NOTED_ENV] = os.pathsep.join(filter(None, (os.environ.get(NOTED_ENV), path)))
 
 
 HUB_PROBE_TIMEOUT_S = 3.0

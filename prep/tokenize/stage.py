@@ -27,7 +27,7 @@ from prep.outputs import claim_output_dir, file_fingerprint
 from prep.run import ExecutorConfig, run_tasks
 from prep.sources.media import DECODE_LIMIT_PIXELS
 from prep.sources.records import Chunk, plan_chunks
-from schemas.dataset_config import DatasetSpec, read_dataset_config, spec_to_json
+from schemas.dataset_config import DatasetSpec, log_skipped, read_dataset_config, spec_to_json
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR, part_name
 from schemas.manifest import ProcessorIdentity, TokenizeInputs, TokenizeManifest
 from schemas.stages import Stage
@@ -175,8 +175,7 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
 
     loaded = read_dataset_config(config.dataset_config, list(config.datasets) or None)
     specs = loaded.specs
-    for entry in loaded.skipped:
-        log.warning("skipped: %s", entry.why)
+    log_skipped(loaded.skipped)  # once, by kind; -v lists each
     processor = _processor_identity(config.processor)  # loadable before anything is written
     chunks = plan_chunks(specs, rows_per_chunk=config.rows_per_chunk, seed=config.seed)
     out = Path(config.output_dir)
@@ -220,8 +219,6 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
     )
     crash_point("tokenize.before_manifest")
     write_json_atomic(out / MANIFEST_FILE, manifest.to_json())
-    for entry in loaded.skipped:  # again beside the summary: these entries were not tokenized
-        log.warning("skipped: %s", entry.why)
     check_error_budget(manifest, config.max_error_rate, out)
     return manifest
 

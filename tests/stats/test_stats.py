@@ -223,8 +223,8 @@ def test_pack_report_uses_labels_and_percentages(pack_report, packed):
     percent = f"{efficiency:.2%}"
     for text in (html, output):
         assert "lower bound L1 (packs)" in text and "empty tokens (unused capacity)" in text
-        assert f"efficiency (real tokens / pack capacity) {percent}" in text.replace("</td><td>", " ")
-    assert not re.search(r"<td>(lb1|lb2|empty_tokens|efficiency)</td>", html)
+        assert f"efficiency (real tokens / pack capacity) {percent}" in re.sub(r"</td><td[^>]*>", " ", text)
+    assert not re.search(r"<td[^>]*>(lb1|lb2|empty_tokens|efficiency)</td>", html)
     assert list(_plots(html)) == [*TOKEN_PLOTS, "errors_by_reason", *PACK_PLOTS]
 
 
@@ -284,7 +284,8 @@ def _section(html: str, heading: str) -> str:
 def _cells(section: str) -> list[list[str]]:
     """Table body rows as lists of unescaped cell texts."""
     body = section[section.index("<tbody>") :]
-    return [[unescape(c) for c in re.findall(r"<td>(.*?)</td>", row)] for row in re.findall(r"<tr>(.*?)</tr>", body)]
+    cells = (re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body))
+    return [[unescape(c) for c in row] for row in cells]
 
 
 def test_report_shows_error_examples_per_reason(report, tokenized):
@@ -333,3 +334,36 @@ def test_pack_report_names_the_oversize_samples(pack_report, packed, tokenized):
     assert {o["sample_id"] for o in stats["packs"]["oversize_samples"]} == set(too_long)
     # error rows of the pinned tokenized input are shown for a packed dir too
     assert "<h2>Error examples</h2>" in html and f"prep errors {tokenized}" in unescape(html)
+
+
+def test_one_long_outlier_gets_an_overflow_bin_instead_of_squashing_the_histogram():
+    from functools import partial
+
+    import numpy as np
+
+    from prep.stats.plots import _draw, _lengths
+    from prep.stats.records import distribution, integer_edges, overflow_start
+
+    rng = np.random.default_rng(0)
+    lengths = np.append(rng.integers(300, 600, size=400), 15_000)  # one 15k-token sample
+    dist = distribution(lengths, integer_edges(lengths, BINS))
+    hist = dist.histogram
+    assert hist is not None and sum(hist.counts) == lengths.size and hist.edges[-1] > 15_000
+    start = overflow_start(hist.edges)
+    assert start is not None and start <= 600 and hist.counts[-1] == int((lengths >= start).sum())
+    assert max(hist.counts) < 0.25 * lengths.size, hist.counts  # spread over the bins, not in the first one
+    even = np.arange(100, 400)  # no outlier: equal bins, no overflow bin
+    assert overflow_start(distribution(even, integer_edges(even, BINS)).histogram.edges) is None
+    assert _draw(partial(_lengths, groups={"d": dist}, title="Total tokens per sample")).startswith(b"\x89PNG")
+
+
+def test_report_has_no_repeated_captions_and_left_aligned_text(report):
+    out, _ = report
+    html = (out / "report.html").read_text()
+    assert "<figcaption>" not in html  # the title is drawn in each plot already
+    assert "td.num { text-align: right; }" in html and "text-align: left" in html
+    section = _section(html, "Error examples")
+    rows = re.findall(r"<tr>(.*?)</tr>", section[section.index("<tbody>") :])
+    messages = [re.findall(r"<td[^>]*>", row)[-1] for row in rows]
+    assert messages and set(messages) == {"<td>"}  # the message column is text: left-aligned
+    assert re.search(r'<td class="num">\d', section)  # counts stay right-aligned
