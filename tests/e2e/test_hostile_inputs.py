@@ -188,3 +188,20 @@ def test_pack_that_would_write_no_pack_fails_naming_why(tmp_path, processor_dirs
     assert result.exit_code == ExitCode.DATA, result.output
     assert "no pack to write: all 2 samples exceed --pack-size 16" in result.output
     assert not out.exists()
+
+
+def test_a_config_with_unreadable_entries_warns_once_counting_them(tmp_path, processor_dirs, caplog) -> None:
+    """A whole LLaMA-Factory dataset_info.json: the skipped entries are one line, not two per entry."""
+    config = write_dataset(tmp_path / "mixed", {"good": [_row(None, "hello")]})
+    raw = json.loads(config.read_text())
+    raw.update({f"hub_{i}": {"hf_hub_url": f"org/data{i}"} for i in range(5)})
+    raw["dpo"] = {**_entry("data/good.jsonl"), "ranking": True}
+    config.write_text(json.dumps(raw))
+    with caplog.at_level("INFO"):
+        result = tokenize(config, processor_dirs["qwen2_vl"], tmp_path / "tok")
+    assert result.exit_code == 0, result.output
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert skipped == [
+        "skipped 6 entries that prep tokenize cannot read: 5 not on local disk, 1 preference (DPO/RM/KTO) "
+        "(-v lists each with what to do)"
+    ]

@@ -218,3 +218,14 @@ def test_cooker_is_stateless_and_refuses_decoded_media(dataset):
         cook_pack({**crude, "__key__": "pack-99999999"})
     with pytest.raises(PackDecodeError, match="json says"):
         cook_pack({**crude, "loss_mask.npy": _npy(np.zeros(1, np.uint8))})
+
+
+def test_verify_prints_no_pin_memory_warning_on_cpu(dataset):
+    """Energon's loader asks torch to pin memory; without a GPU torch warned on every run (issue 20)."""
+    import warnings
+
+    out, packed = dataset
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert verify_dataset(out) == {"train": packed.manifest.packs.packs}
+    assert not [w for w in caught if "pin_memory" in str(w.message)], [str(w.message) for w in caught]

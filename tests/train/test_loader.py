@@ -214,3 +214,13 @@ def test_more_workers_than_packs(images):
         make_loader(_config(images, world_size=num_packs, num_workers=2))
     with pytest.raises(TrainConfigError, match="rank 2"):
         make_loader(_config(images, rank=2, world_size=2))
+
+
+def test_loading_on_cpu_prints_no_pin_memory_warning(images):
+    """Energon always asks torch to pin memory; on CPU torch warned at every loader start (issue 20)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(_take(make_loader(_config(images, num_workers=1)), 1)) == 1
+    assert not [w for w in caught if "pin_memory" in str(w.message)], [str(w.message) for w in caught]
