@@ -1,20 +1,30 @@
 """``cloud_file_name`` against a local S3 server (moto's server mode on 127.0.0.1), never a real endpoint.
 
 Truth: the rows and image bytes the test uploads with boto3.
+
+Every test starts from nothing (issue 20: one of these failed in a full run and passed alone):
+the server binds a port of its own choosing (picking a free port, closing it and binding it
+again later raced with the Ray workers and other test runs binding ports on a shared machine),
+moto's state is reset and the bucket made anew, and every per-process cache that outlives a
+test is emptied: fsspec's S3FileSystem instances (bound to one endpoint, with listings cached),
+and our own open Parquet readers and decoded batches, which are keyed by path only, so an
+``s3://bkt/...`` path read earlier in the process (another server, an object since replaced)
+was answered from memory.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import socket
 import sys
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from prep.sources import tables
 from prep.sources.media import LmdbPool, image_header, read_bytes
 from prep.sources.records import decode_record, plan_chunks, read_chunk
 from schemas.dataset_config import ConfigError, DatasetSpec
@@ -23,19 +33,22 @@ from schemas.media_ref import MediaRef
 ROWS = [{"instruction": f"q{i}", "input": "", "output": f"a{i}"} for i in range(9)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _forget_cached_readers() -> None:
+    """Empty every per-process cache a cloud read fills (see the module docstring)."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    tables._parquet.cache_clear()
+    tables._CACHE.clear()
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """A moto S3 server on 127.0.0.1 with bucket ``bkt``; env points s3fs/boto3 at it."""
+def server():
+    """A moto S3 server on 127.0.0.1 (a port it binds itself); env points s3fs/boto3 at it."""
     pytest.importorskip("s3fs")
     boto3 = pytest.importorskip("boto3")
     server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     env = {
@@ -47,10 +60,19 @@ def s3(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
-        client.create_bucket(Bucket="bkt")
-        yield client
+        yield boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]), env["AWS_ENDPOINT_URL"]
     server.stop()
+    _forget_cached_readers()  # nothing bound to this server outlives it
+
+
+@pytest.fixture()
+def s3(server):
+    """A fresh bucket ``bkt`` on an emptied server, and no cached reader from earlier tests."""
+    client, endpoint = server
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).close()
+    _forget_cached_readers()
+    client.create_bucket(Bucket="bkt")
+    return client
 
 
 def _spec(url: str) -> DatasetSpec:
@@ -107,3 +129,18 @@ def test_without_the_client_package_the_error_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "s3fs", None)
     with pytest.raises(ConfigError, match="pip install s3fs"):
         plan_chunks([_spec("s3://bucket/d.jsonl")], rows_per_chunk=4, seed=0)
+
+
+def test_an_object_replaced_between_tests_is_read_anew(s3):
+    """The same key with other bytes in a later test (as in a full run) is not answered from memory."""
+    from PIL import Image
+
+    for colour in (7, 200):
+        buf = io.BytesIO()
+        Image.new("RGB", (33, 21), colour).save(buf, "JPEG")
+        out = io.BytesIO()
+        pq.write_table(pa.table({"images": [[{"bytes": buf.getvalue(), "path": "x.jpg"}]]}), out)
+        s3.put_object(Bucket="bkt", Key="same.parquet", Body=out.getvalue())
+        ref = MediaRef.table_cell("s3://bkt/same.parquet", 0, ("images", "0", "bytes"), "x.jpg")
+        assert read_bytes(ref, LmdbPool()) == buf.getvalue(), colour
+        _forget_cached_readers()  # what the s3 fixture does between two tests
