@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import traceback
 from enum import IntEnum
 from typing import ClassVar
 
@@ -76,13 +77,15 @@ class InternalError(PackvlmError):
 
 
 def error_payload(exc: PackvlmError) -> str:
-    """``exc`` as JSON text (its class path and message) to return from a worker as data."""
+    """``exc`` as JSON text (class path, message, the worker's traceback) to return from a worker as data."""
     cls = type(exc)
-    return json.dumps({"class": f"{cls.__module__}:{cls.__qualname__}", "message": str(exc)})
+    where = "".join(traceback.format_exception(exc)) if exc.__traceback__ is not None else ""
+    return json.dumps({"class": f"{cls.__module__}:{cls.__qualname__}", "message": str(exc), "traceback": where})
 
 
 def error_from_payload(payload: str) -> PackvlmError:
-    """The error `error_payload` wrote, same class and message (its constructor is not called)."""
+    """The error `error_payload` wrote, same class and message (its constructor is not called); the
+    worker's traceback rides along as a note (printed with ``--debug``'s traceback, not in the message)."""
     raw = json.loads(payload)
     module, _, qualname = raw["class"].partition(":")
     cls: object = importlib.import_module(module)
@@ -92,4 +95,6 @@ def error_from_payload(payload: str) -> PackvlmError:
         raise TypeError(f"{raw['class']} is not a packvlm error")
     exc = cls.__new__(cls)
     exc.args = (raw["message"],)
+    if raw.get("traceback"):
+        exc.add_note(f"raised in a worker:\n{raw['traceback']}")
     return exc

@@ -18,6 +18,7 @@ failures (an actor or node lost, a cluster that cannot be reached or started) ar
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -32,7 +33,7 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
-from packvlm.errors import PackvlmError, ResourceError, error_from_payload, error_payload
+from packvlm.errors import InternalError, PackvlmError, ResourceError, error_from_payload, error_payload
 from prep.ray_reaper import children, start_reaper
 from prep.ray_reaper import supported as reaper_supported
 
@@ -49,8 +50,17 @@ class RayUnavailableError(ResourceError):
     """Ray could not be started or reached, or lost an actor or node mid-run: rerun to resume."""
 
 
+class WorkerResourceError(ResourceError):
+    """The machine refused a worker (an ``OSError`` such as a full disk, or ``MemoryError``)."""
+
+
+class WorkerBug(InternalError):
+    """An unexpected exception in a worker (not one of ours): its type and message, the traceback with --debug."""
+
+
 class ErrorCarrier:
-    """Wraps a worker for Ray: our errors (from its constructor too) come back as an `ERROR_COLUMN` row.
+    """Wraps a worker for Ray: our errors (from its constructor too) come back as an `ERROR_COLUMN` row;
+    any other exception comes back as a `WorkerBug` (one line, not Ray's wrapped traceback).
 
     Args:
         worker_cls: The stage's worker class (importable: actors import it by name).
@@ -62,16 +72,32 @@ class ErrorCarrier:
         self.error: PackvlmError | None = None
         try:
             self.worker = worker_cls(**worker_kwargs)
-        except PackvlmError as exc:
-            self.error = exc
+        except Exception as exc:
+            self.error = _ours(exc)
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         try:
             if self.worker is None:
                 raise self.error or RuntimeError("worker not built")
             return self.worker(batch)
-        except PackvlmError as exc:
-            return {ERROR_COLUMN: [error_payload(exc)]}
+        except Exception as exc:
+            return {ERROR_COLUMN: [error_payload(_ours(exc))]}
+
+
+def _ours(exc: Exception) -> PackvlmError:
+    """``exc`` if it is ours; the environment's refusals as `WorkerResourceError`, the rest as
+    `WorkerBug`, sorted as the CLI sorts them in the driver (`prep.cli_errors`)."""
+    if isinstance(exc, PackvlmError):
+        return exc
+    ours: PackvlmError
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        ours = WorkerResourceError(f"no space left on the device ({exc}); free space and rerun the same command")
+    elif isinstance(exc, (OSError, MemoryError)):
+        ours = WorkerResourceError(f"{type(exc).__name__} in a worker: {exc}")
+    else:
+        ours = WorkerBug(f"{type(exc).__name__} in a worker: {exc}")
+    ours.__traceback__ = exc.__traceback__
+    return ours
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -251,7 +277,7 @@ def run_ray(
                 rows.append(dict(row))
                 bar.update(1)
         except ray.exceptions.RayTaskError:
-            raise  # an unexpected exception in our worker: a bug, reported as such
+            raise  # Ray Data's own code failed in a task: a bug, reported as such
         except ray.exceptions.RayError as exc:  # actor, node or object lost; cluster gone
             raise RayUnavailableError(f"Ray failed mid-run ({type(exc).__name__}: {exc}); rerun to resume") from exc
     return rows

@@ -28,7 +28,7 @@ from packvlm.errors import (
     error_payload,
 )
 from prep.cli import main as prep_main
-from prep.run import ERROR_COLUMN, ErrorCarrier, RayUnavailableError
+from prep.run import ERROR_COLUMN, ErrorCarrier, RayUnavailableError, WorkerBug, WorkerResourceError
 from prep.tokenize.stage import ConservationError, ErrorRateExceeded
 from schemas.dataset_config import ConfigError
 from train.cli import main as train_main
@@ -63,19 +63,26 @@ def test_every_error_class_has_one_kind_and_crosses_workers_with_its_class() -> 
 
 
 class _Broken:
-    def __init__(self, fail_in_init: bool) -> None:
-        if fail_in_init:
-            raise ConfigError("bad config key")
+    def __init__(self, fault: BaseException | None) -> None:
+        if fault is not None:
+            raise fault
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         raise ErrorRateExceeded(f"task {batch['task'][0]} over budget")
 
 
-def test_a_worker_error_comes_back_as_a_row_with_its_class() -> None:
-    for fail_in_init, cls, message in ((True, ConfigError, "bad config key"), (False, ErrorRateExceeded, "task 7")):
-        row = ErrorCarrier(_Broken, {"fail_in_init": fail_in_init})({"task": ["7"]})
+def test_a_worker_error_comes_back_as_a_row_with_its_class_and_kind() -> None:
+    cases = [  # (raised in the worker, class the driver raises, exit code, message)
+        (None, ErrorRateExceeded, ExitCode.DATA, "task 7 over budget"),
+        (ConfigError("bad config key"), ConfigError, ExitCode.USAGE, "bad config key"),
+        (OSError(errno.ENOSPC, "No space left"), WorkerResourceError, ExitCode.RESOURCE, "no space left on the device"),
+        (KeyError("oops"), WorkerBug, ExitCode.INTERNAL, "KeyError in a worker: 'oops'"),
+    ]
+    for fault, cls, code, message in cases:
+        row = ErrorCarrier(_Broken, {"fault": fault})({"task": ["7"]})
         back = error_from_payload(row[ERROR_COLUMN][0])
-        assert type(back) is cls and message in str(back)
+        assert type(back) is cls and back.exit_code == code and message in str(back)
+        assert "Traceback" in "".join(back.__notes__)  # the worker's, shown with --debug
 
 
 FAULTS = [  # (raised inside the command, exit code, what the one line says)
