@@ -386,9 +386,11 @@ def test_meta_config_tokenizes_its_sft_entries_and_lists_the_rest(
         "dpo_en_demo": {"file_name": "glaive.json", "ranking": True, "formatting": "sharegpt"},
     }
     config = _config(tmp_path, entries, {"alpaca.json": alpaca, "glaive.json": [GLAIVE_RECORD]})
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("DEBUG", logger="schemas.dataset_config"):
         result = _tokenize(config, processor_dirs["qwen3_vl"], tmp_path / "out")
     assert result.exit_code == 0, result.output
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "skipped" in r.getMessage()]
+    assert len(warned) == 1 and "skipped 2 entries" in warned[0]  # one line; -v lists each entry
     skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped: ")]
     assert any("'llava_1k_en'" in m and "hf_hub_url" in m and "download it" in m for m in skipped)
     assert any("'dpo_en_demo'" in m and "ranking" in m for m in skipped)
