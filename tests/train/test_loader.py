@@ -224,3 +224,17 @@ def test_loading_on_cpu_prints_no_pin_memory_warning(images):
         warnings.simplefilter("always")
         assert len(_take(make_loader(_config(images, num_workers=1)), 1)) == 1
     assert not [w for w in caught if "pin_memory" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_an_uneven_split_over_workers_is_named(images, caplog):
+    """Per-epoch sampling is exact only when ranks x workers divide the pack count: otherwise say so."""
+    from train.loader import validate_loader_config
+
+    num_packs = images.packed.manifest.packs.packs
+    uneven = next(w for w in range(2, num_packs + 1) if num_packs % w)
+    with caplog.at_level("WARNING", logger="train.loader"):
+        validate_loader_config(_config(images, num_workers=1))
+        assert not caplog.records
+        validate_loader_config(_config(images, num_workers=uneven))
+    (record,) = caplog.records
+    assert f"{num_packs} packs over {uneven} data-parallel workers" in record.getMessage()
