@@ -8,9 +8,10 @@ CPU free (Ray Data needs it for its own tasks; ray#44687). Connects to a cluster
 ``address`` or ``RAY_ADDRESS`` is set, otherwise starts a private local Ray
 (``address="local"``: never the cluster a stale ``/tmp/ray/ray_current_cluster`` names).
 
-Our errors cross Ray as data: Ray Data re-raises a worker's exception as ``UserCodeException``
-without its class, so `ErrorCarrier` returns a `packvlm.errors.PackvlmError` raised in a
-worker as one row, and the driver raises the same class with the same message. Ray's own
+Errors cross Ray as data: Ray Data re-raises a worker's exception as ``UserCodeException``
+without its class, so `ErrorCarrier` returns whatever a worker raised as one row (ours as
+they are, the machine's refusals as `WorkerResourceError`, anything else as `WorkerBug`), and
+the driver raises that class with its message (`packvlm.errors.error_payload`). Ray's own
 failures (an actor or node lost, a cluster that cannot be reached or started) are
 `RayUnavailableError`, an environment error.
 """
@@ -43,7 +44,7 @@ ExecutorName = Literal["ray", "local"]
 EXECUTORS: tuple[ExecutorName, ...] = ("ray", "local")
 _REAPERS: list[subprocess.Popen[bytes]] = []  # kept open: each reads EOF when this process exits
 ERROR_COLUMN = "__packvlm_error__"  # a worker's row carrying one of our errors (`error_payload`)
-_QUIET_LOGGERS = ("ray._private.authentication.authentication_token_setup",)  # token notices: once per start
+_QUIET_LOGGERS = ("ray._private.authentication.authentication_token_setup",)  # Ray's token-auth notices
 
 
 class RayUnavailableError(ResourceError):
