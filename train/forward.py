@@ -6,8 +6,8 @@ The call is what FIELD-NOTES "Packed attention" says transformers 5.x needs, and
           attention_mask=None, use_cache=False,          # a cache or a mask breaks packing
           cu_seq_lens_q=cu_seq_lens_k=cu_seqlens_padded,   # int32 [S+1] slot offsets
           max_length_q=max_length_k=max_seqlen,
-          pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
-          second_per_grid_ts, mm_token_type_ids)            # only those the model accepts
+          **batch.vision,                                   # the family's vision keywords
+          mm_token_type_ids)                                # where the model accepts it
 
 The boundaries are the *slots* (``cu_seqlens_padded``): a pad token sits at the end of its
 slot, attends only to its own sample (causally, so no real token sees it) and has label
@@ -25,16 +25,6 @@ from torch import nn
 
 from train.attention import PackedAttentionError, prepare_model_for_packing
 from train.batch import PackedBatch
-
-MEDIA_FIELDS = (
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_values_videos",
-    "video_grid_thw",
-    "second_per_grid_ts",
-    "mm_token_type_ids",
-)
-
 
 _FORWARD_PARAMETERS: dict[type[nn.Module], frozenset[str]] = {}  # one entry per model class
 
@@ -64,6 +54,9 @@ def packed_inputs(model: nn.Module, batch: PackedBatch) -> dict[str, object]:
     position_ids = batch.position_ids
     if position_ids.dim() == 3 and "pixel_values" not in accepted:
         position_ids = position_ids[0]  # a text-only model rotates with the text row
+    refused = sorted(set(batch.vision) - accepted)
+    if refused:
+        raise TypeError(f"{type(model).__name__} takes no {', '.join(refused)}, but packs {batch.pack_keys} carry them")
     inputs: dict[str, object] = {
         "input_ids": batch.input_ids,
         "position_ids": position_ids,
@@ -74,14 +67,9 @@ def packed_inputs(model: nn.Module, batch: PackedBatch) -> dict[str, object]:
         "max_length_q": int(batch.max_seqlen),
         "max_length_k": int(batch.max_seqlen),
     }
-    for name in MEDIA_FIELDS:
-        value = getattr(batch, name)
-        if value is None:
-            continue
-        if name in accepted:
-            inputs[name] = value
-        elif name != "mm_token_type_ids":
-            raise TypeError(f"{type(model).__name__} takes no {name}, but packs {batch.pack_keys} carry media")
+    inputs.update(batch.vision)
+    if "mm_token_type_ids" in accepted:
+        inputs["mm_token_type_ids"] = batch.mm_token_type_ids
     return inputs
 
 

@@ -21,9 +21,10 @@ from PIL import Image
 from transformers import PreTrainedModel
 from transformers.image_utils import load_image
 
+from prep.example.families.base import example_family
 from prep.example.media import make_image_bytes
-from prep.example.model import write_tiny_model
-from prep.example.processors import build_processor_dir
+from prep.tokenize.families.base import find_counter
+from prep.tokenize.processor import ProcessorBundle, load_processor
 from schemas.packed import LoadedPack, PackedMedia, PackedMediaItem, PackedSampleMeta, PackMeta
 from train.batch import IGNORE_INDEX
 from train.loss import per_token_losses, token_loss_sum
@@ -80,9 +81,12 @@ class Family:
 
 
 def make_family(name: str, root: Path) -> Family:
-    """Processor directory and config-only tiny model directory of ``name`` under ``root``."""
-    processor_dir = build_processor_dir(root / "processor", name)
-    return Family(name, processor_dir, write_tiny_model(root / "model", name, processor_dir))
+    """Processor directory and config-only tiny model directory of example family ``name`` under ``root``."""
+    family = example_family(name)
+    if family.build_model is None:
+        raise ValueError(f"example family {name!r} writes no model")
+    processor_dir = family.build_processor(root / "processor")
+    return Family(name, processor_dir, family.build_model(root / "model", processor_dir))
 
 
 def tiny_model(family: Family, attn_implementation: str = "packvlm_varlen", seed: int = 0) -> PreTrainedModel:
@@ -106,14 +110,22 @@ def process(processor: object, conversation: Conversation) -> Sample:
         raise AssertionError("the prompt is not a prefix of the conversation; the loss mask would be wrong")
     loss_mask = torch.zeros(full["input_ids"].shape[1], dtype=torch.uint8)
     loss_mask[num_prompt:] = 1
-    keys = ("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw")
-    return Sample(conversation, {k: full[k] for k in keys if k in full}, loss_mask)
+    inputs = {k: v for k, v in full.items() if isinstance(v, torch.Tensor) and k != "attention_mask"}
+    return Sample(conversation, inputs, loss_mask)
 
 
 def media_item(
-    kind: str, data: bytes, *, sample: int, grid_thw: tuple[int, int, int], member: str, frame_indices=()
+    kind: str,
+    data: bytes,
+    *,
+    sample: int,
+    grid_thw: tuple[int, int, int],
+    member: str,
+    frame_indices=(),
+    num_tokens: int | None = None,
+    num_tiles: int = 1,
 ) -> PackedMediaItem:
-    """A media item as the cooker gives it (every Qwen-VL family merges 2x2 patches per token)."""
+    """A media item as the cooker gives it (``num_tokens`` default: a Qwen-VL grid merged 2x2)."""
     t, h, w = grid_thw
     meta = PackedMedia(
         kind=kind,
@@ -121,10 +133,30 @@ def media_item(
         member=member,
         sample=sample,
         grid_thw=grid_thw,
-        num_tokens=t * h * w // 4,
+        num_tokens=t * h * w // 4 if num_tokens is None else num_tokens,
         frame_indices=tuple(frame_indices),
+        num_tiles=num_tiles,
     )
     return PackedMediaItem(meta=meta, data=data)
+
+
+def stored_image(bundle: ProcessorBundle, data: bytes, *, sample: int, member: str) -> PackedMediaItem:
+    """The item `prep tokenize` + `prep pack` store for an image: the family's counter on its header size."""
+    counter = find_counter(bundle.processor_class)
+    if counter is None:
+        raise ValueError(f"no counter for {bundle.processor_class}")
+    width, height = load_image(Image.open(io.BytesIO(data))).size
+    count = counter(bundle).count_image(width, height)
+    grid = (count.grid_t, count.grid_h, count.grid_w)
+    return media_item(
+        "image",
+        data,
+        sample=sample,
+        grid_thw=grid,
+        member=member,
+        num_tokens=count.num_tokens,
+        num_tiles=count.num_tiles,
+    )
 
 
 def loaded_pack(
@@ -166,14 +198,23 @@ def loaded_pack(
     )
 
 
-def pack_samples(samples: list[Sample], *, pad_to_multiple_of: int = 1, key: str = "pack-00000000") -> LoadedPack:
-    """The `LoadedPack` the cooker would give for these samples (what `prep pack` stores)."""
+def pack_samples(
+    samples: list[Sample],
+    processor_dir: Path | str,
+    *,
+    pad_to_multiple_of: int = 1,
+    key: str = "pack-00000000",
+) -> LoadedPack:
+    """The `LoadedPack` the cooker would give for these samples (what `prep pack` stores).
+
+    Each image's stored grid / tiles / tokens come from the family's closed-form counter
+    (`prep.tokenize.families`), as `prep tokenize` computes them.
+    """
+    bundle = load_processor(str(processor_dir))
     media = []
     for index, sample in enumerate(samples):
-        grids = sample.inputs.get("image_grid_thw")
-        for k, data in enumerate(sample.conversation.image_bytes()):
-            grid = (int(grids[k][0]), int(grids[k][1]), int(grids[k][2]))
-            media.append(media_item("image", data, sample=index, grid_thw=grid, member=f"img{len(media):04d}.jpg"))
+        for data in sample.conversation.image_bytes():
+            media.append(stored_image(bundle, data, sample=index, member=f"img{len(media):04d}.jpg"))
     return loaded_pack(
         key=key,
         input_ids=np.concatenate([s.input_ids[0].numpy() for s in samples]),

@@ -22,6 +22,7 @@ sample's last token to predict it.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +57,7 @@ class Setup:
     samples: list
     truth: Truth
     encoder: PackEncoder
+    processor_dir: Path
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -66,11 +68,11 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     samples = [process(processor, c) for c in CONVERSATIONS]
     model = tiny_model(family)
     encoder = PackEncoder.from_pretrained(str(family.processor_dir), str(family.model_dir))
-    return Setup(model, samples, reference(model, samples), encoder)
+    return Setup(model, samples, reference(model, samples), encoder, family.processor_dir)
 
 
 def encode(setup: Setup, pad_to_multiple_of: int = 1) -> PackedBatch:
-    return setup.encoder.encode(pack_samples(setup.samples, pad_to_multiple_of=pad_to_multiple_of))
+    return setup.encoder.encode(pack_samples(setup.samples, setup.processor_dir, pad_to_multiple_of=pad_to_multiple_of))
 
 
 def loss_diff(setup: Setup, batch: PackedBatch, losses: torch.Tensor) -> float:

@@ -74,7 +74,9 @@ def test_text_only_causal_lm_packs_exactly(family, tmp_path: Path) -> None:
     processor = load_processor(str(family.processor_dir)).processor
     samples = [process(processor, c) for c in CONVERSATIONS if not c.image_sizes]
     truth = reference(model, samples)
-    batch = PackEncoder.from_pretrained(str(family.processor_dir), config).encode(pack_samples(samples))
+    batch = PackEncoder.from_pretrained(str(family.processor_dir), config).encode(
+        pack_samples(samples, family.processor_dir)
+    )
     assert batch.position_ids.shape == (1, batch.num_tokens)
     with torch.no_grad():
         losses = per_token_losses(packed_forward(model, batch), batch.labels)
