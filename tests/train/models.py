@@ -95,15 +95,42 @@ def tiny_model(family: Family, attn_implementation: str = "packvlm_varlen", seed
     return model.train()
 
 
+def _messages(conversation: Conversation, *, text_as_string: bool) -> tuple[list[dict], list[dict]]:
+    """(user turn, assistant turn) as chat messages; ``text_as_string``: a turn without media is a
+    plain string, as `prep.sources.formats.content` gives it (some templates take only that)."""
+
+    def turn(role: str, content: list[dict[str, str]]) -> dict[str, object]:
+        plain = text_as_string and all(c["type"] == "text" for c in content)
+        return {"role": role, "content": "".join(c["text"] for c in content) if plain else content}
+
+    images = [{"type": "image"}] * len(conversation.image_sizes)
+    user = turn("user", [*images, {"type": "text", "text": conversation.question}])
+    reply = turn("assistant", [{"type": "text", "text": conversation.answer}])
+    return [user], [reply]
+
+
+def _render(processor: object, conversation: Conversation) -> tuple[str, str]:
+    """(whole conversation, prompt with generation header) by the processor's own template.
+
+    Content lists first (every template here takes them for media turns); a template that fails
+    on a content list in a text turn (pixtral-12b's ``message["content"] + eos_token``) gets
+    plain strings there, as `prep` hands them to it.
+    """
+    try:
+        user, reply = _messages(conversation, text_as_string=False)
+        full = processor.apply_chat_template(user + reply, tokenize=False)
+    except TypeError:
+        user, reply = _messages(conversation, text_as_string=True)
+        full = processor.apply_chat_template(user + reply, tokenize=False)
+    return full, processor.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+
+
 def process(processor: object, conversation: Conversation) -> Sample:
     """Run the real processor on one conversation (images decoded as transformers loads them)."""
-    content = [{"type": "image"}] * len(conversation.image_sizes) + [{"type": "text", "text": conversation.question}]
-    user = [{"role": "user", "content": content}]
-    reply = [{"role": "assistant", "content": [{"type": "text", "text": conversation.answer}]}]
     images = [load_image(Image.open(io.BytesIO(data))) for data in conversation.image_bytes()]
     kwargs = {"images": images} if images else {}
-    full = processor(text=[processor.apply_chat_template(user + reply, tokenize=False)], return_tensors="pt", **kwargs)
-    prompt_text = processor.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    full_text, prompt_text = _render(processor, conversation)
+    full = processor(text=[full_text], return_tensors="pt", **kwargs)
     prompt = processor(text=[prompt_text], return_tensors="pt", **kwargs)
     num_prompt = prompt["input_ids"].shape[1]
     if not torch.equal(full["input_ids"][0, :num_prompt], prompt["input_ids"][0]):
