@@ -81,13 +81,19 @@ class RopeIndex:
         """``[3, L]`` rope positions of one sample (its real tokens only) from the family's rule.
 
         Arguments are bound by the installed ``get_rope_index``'s own parameter names: the ids,
-        ``mm_token_type_ids`` where it takes them, and the sample's vision keywords it reads
-        (grids, ``second_per_grid_ts``).
+        ``mm_token_type_ids`` where it takes them, an all-ones ``attention_mask`` (the sample
+        alone, unpadded: the Omni thinkers' index reads it for text-only samples) and the
+        sample's vision keywords it reads (grids, ``second_per_grid_ts``).
         """
         if self.rope_index is None:
             raise TypeError("this family has no multimodal rope index")
         ids = input_ids[None].to(torch.int64)
-        available = {"input_ids": ids, "mm_token_type_ids": self.mm_token_type_ids(ids), **media}
+        available = {
+            "input_ids": ids,
+            "mm_token_type_ids": self.mm_token_type_ids(ids),
+            "attention_mask": torch.ones_like(ids),
+            **media,
+        }
         positions, _ = self.rope_index(**{k: v for k, v in available.items() if k in self.parameters})
         return positions[:, 0]
 

@@ -3,7 +3,9 @@
 The truth is independent of the packing code: each conversation goes through the *real*
 processor alone (``processor(text=..., images=...)``: input ids, ``mm_token_type_ids``, pixel
 values, grids) and through the model alone with transformers' stock attention ("sdpa"),
-``attention_mask=None`` and ``use_cache=False``, the model computing its own rope index. The
+an all-ones ``attention_mask`` (one unpadded row, as the processor returns it: the Omni
+thinkers compute their mRoPE index only when given a mask) and ``use_cache=False``, the model
+computing its own rope index. The
 pack is built from the same processor outputs and the same encoded image bytes, as
 `prep pack` would store them, and goes through the code under test (`PackEncoder`,
 `packed_forward`, `token_loss_sum`).
@@ -30,7 +32,8 @@ from train.batch import IGNORE_INDEX
 from train.loss import per_token_losses, token_loss_sum
 from train.models import load_model
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+#: the patch-grid (mRoPE) families the shared equivalence test proves
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "glm46v", "qwen2_5_omni", "qwen3_omni_moe")
 REFERENCE_ATTENTION = "sdpa"  # transformers' stock attention: one sample, no packing involved
 
 
@@ -273,7 +276,7 @@ def reference(model: PreTrainedModel, samples: list[Sample]) -> Truth:
     try:
         for sample in samples:
             model.zero_grad(set_to_none=True)
-            logits = model(**sample.inputs, attention_mask=None, use_cache=False).logits
+            logits = model(**sample.inputs, attention_mask=torch.ones_like(sample.input_ids), use_cache=False).logits
             losses.append(per_token_losses(logits, sample.labels)[0].detach())
             token_loss_sum(logits, sample.labels)[0].backward()
             for name, grad in grads_of(model).items():
@@ -297,3 +300,15 @@ def max_grad_diff(packed: dict[str, torch.Tensor], truth: dict[str, torch.Tensor
     if packed.keys() != truth.keys():
         raise AssertionError(f"parameters with gradients differ: {sorted(packed.keys() ^ truth.keys())}")
     return max(float((packed[n] - truth[n]).abs().max()) for n in truth)
+
+
+def max_grad_error(packed: dict[str, torch.Tensor], truth: dict[str, torch.Tensor]) -> float:
+    """Largest ``|packed - truth| / (1 + |truth|)`` over every gradient element.
+
+    ``<= tol`` is ``torch.allclose(packed, truth, rtol=tol, atol=tol)``: summed-loss gradients
+    reach ~100 on some tiny models (GLM-4.xV), where fp32 summation order alone moves an element
+    by a few 1e-5 (relative ~5e-7) although the packed losses are bit-identical.
+    """
+    if packed.keys() != truth.keys():
+        raise AssertionError(f"parameters with gradients differ: {sorted(packed.keys() ^ truth.keys())}")
+    return max(float(((packed[n] - truth[n]).abs() / (1 + truth[n].abs())).max()) for n in truth)
