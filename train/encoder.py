@@ -28,23 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 from megatron.energon import stateless
-from transformers import AutoConfig, PretrainedConfig
 
 from packvlm.energon import PackedSample, PackedTaskEncoder
 from schemas.packed import LoadedPack
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.families.base import Join
+from train.identity import ModelConfigSource, load_model_config, load_processor_once
 from train.media import MediaProcessor, PackEncodeError
 from train.rope import RopeIndex
-
-ModelConfigSource = str | PretrainedConfig  # a model directory (config.json) or a config object
-
-
-def load_model_config(model_config: ModelConfigSource) -> PretrainedConfig:
-    """A config object from a directory / hub id, or the object itself."""
-    if isinstance(model_config, PretrainedConfig):
-        return model_config
-    return AutoConfig.from_pretrained(str(model_config))
 
 
 def slot_layout(pack: LoadedPack, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,9 +67,7 @@ class PackEncoder:
     @classmethod
     def from_pretrained(cls, processor: str, model_config: ModelConfigSource) -> PackEncoder:
         """Load the processor (as `prep tokenize` does, once per process) and the model config."""
-        from prep.tokenize.processor import load_processor
-
-        bundle = load_processor(str(processor))
+        bundle = load_processor_once(str(processor))
         media = MediaProcessor.from_bundle(bundle)
         layout, config = media.layout, load_model_config(model_config)
         # a text-only model trained on the text of multimodal data rotates with 1-D positions

@@ -25,7 +25,8 @@ from megatron.energon import SavableDataLoader, WorkerConfig, get_savable_loader
 from megatron.energon.errors import reraise_exception
 
 from train.dataset import PackedDatasetInfo, TrainConfigError, open_packed_dataset
-from train.encoder import ModelConfigSource, PackedBatchTaskEncoder
+from train.encoder import PackedBatchTaskEncoder
+from train.identity import ModelConfigSource
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,6 +68,7 @@ def validate_loader_config(config: LoaderConfig) -> PackedDatasetInfo:
     return open_packed_dataset(
         config.data,
         config.processor,
+        model=config.model,
         split=config.split,
         min_packs=config.world_size * max(1, config.num_workers),
     )
