@@ -11,6 +11,8 @@ reasoning of the last reply only. For such a turn the reply is located by render
 conversation once more with that reply's text swapped for a sentinel (the text that differs is
 the reply as rendered inside the conversation) and the conversation ending at the sentinel
 reply (what follows the sentinel is the turn's end-of-turn marker, trained on like the reply).
+A reply that opens the conversation has no generation prompt to end at: it is located the same
+way and starts at its text (not at character 0, which would train on a default system prompt).
 Only a template that still renders the rest differently is an error, naming why; never a guess.
 Tokens overlapping a span get mask 1, the same overlap rule transformers uses for
 ``return_assistant_tokens_mask``. Assistant turns that call tools are trained on; ``tool``
@@ -20,7 +22,7 @@ takes them; a template that would silently drop them is a ``template_error`` row
 
 Example (pixtral-12b, ``[system, user "Hi", assistant "Hello."]``): the full render is
 ``<s>[INST]Hi[/INST]Hello.</s>`` (the template drops a system prompt unless a user turn is
-last, as the real processor does), the generation prompt ``<s>[INST]<system>\n\nHi[/INST]``
+last, as the real processor does), the generation prompt ``<s>[INST]<system>\\n\\nHi[/INST]``
 is no prefix of it, so the sentinel renders give the span ``Hello.</s>``.
 """
 
@@ -132,7 +134,9 @@ def _turn_span(
     tools: list[dict[str, Any]] | None,
 ) -> tuple[int, int]:
     """Character span of assistant turn ``i`` in ``full``: by prefixes (2 renders), else by sentinel (2 more)."""
-    head = render(tokenizer, template, messages[:i], generation_prompt=True, tools=tools) if i else ""
+    if i == 0:  # no generation prompt to end at: the reply starts where its text does
+        return _sentinel_span(tokenizer, template, messages, i, full, None, tools)
+    head = render(tokenizer, template, messages[:i], generation_prompt=True, tools=tools)
     if full.startswith(head):
         turn = render(tokenizer, template, messages[: i + 1], generation_prompt=False, tools=tools)
         if full.startswith(turn) and len(turn) >= len(head):
@@ -146,7 +150,7 @@ def _sentinel_span(
     messages: list[dict[str, Any]],
     i: int,
     full: str,
-    head: str,
+    head: str | None,
     tools: list[dict[str, Any]] | None,
 ) -> tuple[int, int]:
     """Turn ``i``'s span in a template that rewrites other turns depending on where the conversation ends.
@@ -168,7 +172,7 @@ def _sentinel_span(
     if not full.startswith(closing, reply_end):
         raise _span_error(i, f"the reply ends with {closing!r} when the conversation ends there, but not inside it")
     start = reply_start
-    if header.startswith(head) and full[:reply_start].endswith(header[len(head) :]):
+    if head is not None and header.startswith(head) and full[:reply_start].endswith(header[len(head) :]):
         start -= len(header) - len(head)  # the assistant header after the generation prompt, as the prefix rule
     return start, reply_end + len(closing)
 

@@ -198,6 +198,36 @@ def test_ids_equal_the_processor_and_the_mask_covers_exactly_the_replies(family_
     assert np.array_equal(sample.loss_mask, expected), (cases.learned_ids(sample), np.flatnonzero(expected))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_reply_before_any_user_turn_trains_on_its_text_only(family_bundles, family):
+    """Regression: an opening reply was trained from character 0 (the default system prompt, BOS and
+    header included). Templates that refuse such a conversation (Gemma 3, pixtral-12b) are refused alike."""
+    bundle = family_bundles[family]
+    tokenizer = SampleTokenizer(bundle)
+    conv = tokenizer.for_template(
+        cases.conversation(
+            [("assistant", ["Welcome."]), ("user", ["Hi"]), ("assistant", ["Hello."])], join_text_turns=True
+        )
+    )
+    try:
+        ids = _processor_ids(bundle, conv)
+    except Exception as exc:  # the template raises (roles must alternate): ours is a template_error row
+        with pytest.raises(SampleError) as err:
+            tokenizer.tokenize(conv, VideoSampling())
+        assert err.value.reason == Reason.TEMPLATE_ERROR and str(exc)[:40] in str(err.value)
+        return
+    sample = tokenizer.tokenize(conv, VideoSampling())
+    assert sample.input_ids == ids
+    learned = np.flatnonzero(sample.loss_mask)
+    first, *_ = np.split(learned, np.flatnonzero(np.diff(learned) > 1) + 1)
+    markers = MARKERS[family]
+    closer = (markers.closer or "") + (" [INST]" if markers.space_token else "")
+    assert bundle.tokenizer.decode(ids[first[0] : first[-1] + 1]).strip() == ("Welcome." + closer).strip()
+    assert "Welcome" not in bundle.tokenizer.decode(ids[: first[0]])
+    expected, _ = _reply_mask(bundle, ids, markers)  # the later reply, found after its opener as above
+    assert np.array_equal(sample.loss_mask[first[-1] + 1 :], expected[first[-1] + 1 :])
+
+
 def test_every_family_has_markers():
     assert set(MARKERS) == set(FAMILIES)
 
