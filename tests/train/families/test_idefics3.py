@@ -47,7 +47,7 @@ from tests.train.models import (
     Truth,
     grads_of,
     make_family,
-    max_grad_diff,
+    max_grad_error,
     pack_samples,
     process,
     reference,
@@ -186,7 +186,9 @@ def test_layout_registered_for_both_processors() -> None:
 
 
 def check_equivalence(setup: Setup, batch: PackedBatch) -> tuple[float, float]:
-    """Packed per-token losses and gradients of the summed loss vs the truth: (loss, grad) max |diff|."""
+    """Packed per-token losses and gradients of the summed loss vs the truth: max |diff| of the
+    losses, and of the gradients as ``torch.allclose`` measures it (`tests.train.models.max_grad_error`:
+    the summed-loss gradients reach ~10 here, where fp32 summation order alone moves them ~5e-6)."""
     setup.model.zero_grad(set_to_none=True)
     logits = packed_forward(setup.model, batch)
     losses = loss_diff(setup, batch, per_token_losses(logits, batch.labels))
@@ -198,7 +200,7 @@ def check_equivalence(setup: Setup, batch: PackedBatch) -> tuple[float, float]:
     setup.model.zero_grad(set_to_none=True)
     assert len(packed) == sum(1 for _ in setup.model.parameters())  # every parameter, vision tower too
     assert any("vision_model" in name and float(g.abs().max()) > 0 for name, g in packed.items())
-    return losses, max_grad_diff(packed, setup.truth.grads)
+    return losses, max_grad_error(packed, setup.truth.grads)
 
 
 def check_layout(setup: Setup, batch: PackedBatch) -> None:
