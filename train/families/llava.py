@@ -68,7 +68,9 @@ class LlavaLayout:
     processor: Any  # the whole processor: its image-token expansion is the placeholder count
     image_token_id: int
     pinpoints: tuple[tuple[int, int], ...]  # the image processor's (H, W) resolutions
-    features_per_tile: int  # vision-encoder patches of one tile (num_patches)
+    #: vision-encoder patches of one tile: OneVision's ``num_image_tokens``, else (tile // patch_size)^2 (NeXT)
+    tile_features: int | None
+    patch_size: int | None
 
     @classmethod
     def from_bundle(cls, bundle: Any) -> LlavaLayout:
@@ -76,18 +78,14 @@ class LlavaLayout:
         processor = bundle.processor
         if processor is None:
             raise ProcessorLoadError(f"{bundle.source}: {bundle.processor_class} could not be built here")
-        if hasattr(processor, "num_image_tokens"):  # OneVision: SigLIP features per tile
-            per_tile = int(processor.num_image_tokens)
-        else:  # NeXT: CLIP patches of a crop_size tile
-            crop = bundle.image_processor.crop_size
-            per_tile = (int(crop["height"]) // int(processor.patch_size)) * (
-                int(crop["width"]) // int(processor.patch_size)
-            )
+        tile_features = getattr(processor, "num_image_tokens", None)
+        patch_size = getattr(processor, "patch_size", None)
         return cls(
             processor=processor,
             image_token_id=int(processor.image_token_id),
             pinpoints=tuple((int(h), int(w)) for h, w in bundle.image_processor.image_grid_pinpoints),
-            features_per_tile=per_tile,
+            tile_features=None if tile_features is None else int(tile_features),
+            patch_size=None if patch_size is None else int(patch_size),
         )
 
     @property
@@ -108,12 +106,16 @@ class LlavaLayout:
         if "batch_num_images" in got:
             tensors["batch_num_images"] = got["batch_num_images"].to(torch.int64)
         num_tiles = int(pixels.shape[1])
+        if self.tile_features is not None:
+            per_tile = self.tile_features
+        else:
+            per_tile = (tile_h // (self.patch_size or tile_h)) * (tile_w // (self.patch_size or tile_w))
         return ItemInputs(
             tensors=tensors,
             grid_thw=(1, best_h // tile_h, best_w // tile_w),
             num_tiles=num_tiles,
             num_tokens=int((got["input_ids"] == self.image_token_id).sum()),
-            num_patches=num_tiles * self.features_per_tile,
+            num_patches=num_tiles * per_tile,
         )
 
     def sample_inputs(self, images: Sequence[Image.Image], videos: Sequence[DecodedVideo]) -> SampleInputs:
