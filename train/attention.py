@@ -48,6 +48,8 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from train.linear_attention import install_packed_linear_attention
+
 log = logging.getLogger(__name__)
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -275,16 +277,11 @@ def vision_towers(model: nn.Module) -> list[nn.Module]:
 def prepare_model_for_packing(model: ModuleT) -> ModuleT:
     """Make ``model`` safe for packed rows (idempotent): vision towers never see text boundaries.
 
-    Also refuses models whose layers ignore ``cu_seqlens`` on this path (hybrid linear
-    attention, e.g. Qwen3.5's gated delta-net in transformers' torch fallback), where packed
-    samples would silently leak into each other through the recurrent state.
+    Hybrid linear-attention models: gated delta nets get per-sample conv and state resets
+    (``train.linear_attention``); any other linear layer is refused there
+    (``UnsupportedLinearAttentionError``), never trained with samples leaking into each other.
     """
-    text_config = getattr(model.config, "text_config", model.config)
-    if "linear_attention" in (getattr(text_config, "layer_types", None) or ()):
-        raise NotImplementedError(
-            f"{type(model).__name__} has linear-attention layers; their torch fallback ignores cu_seqlens, "
-            "so packed samples would see each other. Train it unpacked."
-        )
+    install_packed_linear_attention(model)
     for tower in vision_towers(model):
         if not getattr(tower, _HOOK_FLAG, False):
             tower.register_forward_pre_hook(_drop_text_varlen_kwargs, with_kwargs=True)
