@@ -49,7 +49,11 @@ GridMismatchError = PlanMismatchError  # the name before every family was checke
 
 
 class VideoProcessorUnavailable(PackEncodeError):
-    """A pack holds a video but no video processor could be loaded (needs torchvision)."""
+    """A pack holds a video the family's layout cannot process (no video layout, or no torchvision)."""
+
+
+#: why a layout without ``no_video_reason`` cannot take a video
+NO_VIDEO_LAYOUT = "this family's training layout takes images only: train it on image/text data"
 
 
 class MediaDecodeError(PackEncodeError):
@@ -179,11 +183,8 @@ class MediaProcessor:
         videos = [m for m in items if m.meta.kind == "video"]
         origins = [MediaOrigin.of(pack_key, m, sample_ids) for m in (*images, *videos)]
         if videos and not self.layout.supports_video:
-            raise VideoProcessorUnavailable(
-                f"{origins[len(images)]}: the pack holds a video but the model's video processor could not be "
-                "loaded (HF video processors need torchvision): `pip install torchvision` matching your torch, "
-                "or train on image/text-only data"
-            )
+            reason = getattr(self.layout, "no_video_reason", NO_VIDEO_LAYOUT)
+            raise VideoProcessorUnavailable(f"{origins[len(images)]}: the pack holds a video, but {reason}")
         decoded_images = [decode_image(m.data, o) for m, o in zip(images, origins)]
         decoded_videos = [
             decode_video_frames(m.data, m.meta.frame_indices, o) for m, o in zip(videos, origins[len(images) :])

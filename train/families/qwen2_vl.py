@@ -72,6 +72,14 @@ class GridLayout:
     def supports_video(self) -> bool:
         return self.video_processor is not None
 
+    @property
+    def no_video_reason(self) -> str:
+        """What `train.media` says when a video arrives and ``supports_video`` is False."""
+        return (
+            "the model's video processor could not be loaded (HF video processors need torchvision): "
+            "`pip install torchvision` matching your torch, or train on image/text-only data"
+        )
+
     def _item(self, pixels: torch.Tensor, grid: torch.Tensor, prefix: str) -> ItemInputs:
         t, h, w = (int(x) for x in grid.reshape(-1).tolist())
         return ItemInputs(
