@@ -183,9 +183,9 @@ def segmentwise_rule(
     for a, b in slots:
         out, state = torch_rule(**{**arguments, **{k: arguments[k][:, a:b] for k in per_token}})
         outputs.append(out)
-        states.append(state)
-    final = torch.cat(states) if arguments.get("output_final_state") else None
-    return torch.cat(outputs, dim=1), final
+        if state is not None:
+            states.append(state)
+    return torch.cat(outputs, dim=1), (torch.cat(states) if states else None)
 
 
 def _conv_dispatcher(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -191,6 +191,17 @@ def test_mutation_state_not_reset_mixes_samples(setup: Setup, monkeypatch: pytes
     assert loss_diff(setup, batch) > LARGE
 
 
+def test_a_cache_in_the_packed_call_is_harmless(setup: Setup) -> None:
+    """``use_cache=True`` (a fresh cache: per-sample final states are returned, no state is
+    continued) computes the same packed losses; `packed_forward` still passes False."""
+    batch = encode(setup)
+    inputs = packed_inputs(setup.model, batch)
+    assert inputs["use_cache"] is False
+    with torch.no_grad():
+        losses = per_token_losses(setup.model(**(inputs | {"use_cache": True})).logits, batch.labels)
+    assert float((losses.reshape(-1) - expected_row(setup, batch, (0, 1, 2, 3))).abs().max()) <= TOLERANCE
+
+
 def test_unpacked_calls_are_transformers_own(setup: Setup) -> None:
     """Without boundaries the hooked functions pass the call through: bit-identical logits."""
     sample = setup.samples[2]
@@ -299,6 +310,13 @@ def test_layer_mutations_mix_segments(layer_case, conv, rule, monkeypatch: pytes
 
 def test_layer_refuses_bad_boundaries(layer_case) -> None:  # noqa: ANN001
     layer, hidden, cu = layer_case
+    modeling = sys.modules[type(layer).__module__]
+    heads = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(PackedLinearAttentionError, match="no cache to continue"):
+        getattr(modeling, RULE_FUNCTION)(
+            heads, heads, heads.repeat(1, 1, 2, 1), g=torch.zeros(1, 4, 4), beta=torch.ones(1, 4, 4),
+            initial_state=torch.zeros(1, 4, 8, 8), cu_seqlens=torch.tensor([0, 2, 4]),
+        )  # fmt: skip
     with pytest.raises(PackedLinearAttentionError, match="does not split"):
         packed_call(layer, hidden[:, :-1], cu)
     with pytest.raises(PackedLinearAttentionError, match="batch 1"):
