@@ -42,6 +42,17 @@ whole row, in token order, as its `train.families` layout declares them, e.g.::
 
 How a keyword joins across packs (``--packs-per-microbatch``) is the layout's ``joins``; a
 text-only row has an empty ``vision``.
+
+``image_blocks`` (int32 ``[N, 2]``) lists the ``[start, end)`` row offsets of every image
+block that attends bidirectionally (families whose layout declares ``image_attention =
+"bidirectional"``: Gemma 3, one block per tile's run of soft tokens), in row order; empty for
+every other family. They come from the stored media plan (`train.image_blocks`) and shift
+with their pack in `concat_batches`. Example, Gemma 3 with 4 soft tokens per tile, sample 1
+holding one image::
+
+    input_ids          [a0 a1 a2 PAD | b0 B s s s s E b1 PAD PAD PAD PAD]
+    image_blocks       [[6, 10]]
+    attention          same slot AND (causal OR same block); sliding layers AND kv > q - window
 """
 
 from __future__ import annotations
@@ -77,6 +88,8 @@ class PackedBatch:
     mm_token_type_ids: torch.Tensor
     #: the family model's vision keywords for the row (see the module docstring); empty without media
     vision: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: int32 [N, 2] ``[start, end)`` row offsets of bidirectional image blocks (Gemma 3); empty otherwise
+    image_blocks: torch.Tensor = field(default_factory=lambda: torch.zeros((0, 2), dtype=torch.int32))
     #: images plus videos in the row
     num_media: int = 0
     #: patches the vision encoder embeds for the row (its share of the compute)
@@ -135,10 +148,10 @@ def concat_batches(batches: Sequence[PackedBatch], joins: Mapping[str, Join]) ->
     """k packs -> one THD row (``--packs-per-microbatch k``); pure.
 
     Token tensors are joined along the row; ``cu_seqlens`` continue from the previous packs'
-    real-token total and ``cu_seqlens_padded`` from their row length, so sample boundaries stay
-    exact; vision keywords are joined in order by the family layout's ``joins`` (token order is
-    preserved because packs are). Example, packs with ``cu_seqlens_padded`` [0 4 8] and [0 3]:
-    the row has ``cu_seqlens_padded`` [0 4 8 11].
+    real-token total, ``cu_seqlens_padded`` and ``image_blocks`` from their row length, so sample
+    boundaries and image blocks stay exact; vision keywords are joined in order by the family
+    layout's ``joins`` (token order is preserved because packs are). Example, packs with
+    ``cu_seqlens_padded`` [0 4 8] and [0 3]: the row has ``cu_seqlens_padded`` [0 4 8 11].
     """
     if not batches:
         raise ValueError("concat_batches needs at least one batch")
@@ -150,10 +163,12 @@ def concat_batches(batches: Sequence[PackedBatch], joins: Mapping[str, Join]) ->
     if unknown:
         raise ValueError(f"no join rule for vision keywords {sorted(unknown)}")
     real, padded = [batches[0].cu_seqlens], [batches[0].cu_seqlens_padded]
+    blocks = [batches[0].image_blocks]
     real_offset, row_offset = int(batches[0].cu_seqlens[-1]), batches[0].num_tokens
     for b in batches[1:]:
         real.append(b.cu_seqlens[1:] + real_offset)
         padded.append(b.cu_seqlens_padded[1:] + row_offset)
+        blocks.append(b.image_blocks + row_offset)
         real_offset += int(b.cu_seqlens[-1])
         row_offset += b.num_tokens
     return PackedBatch(
@@ -165,6 +180,7 @@ def concat_batches(batches: Sequence[PackedBatch], joins: Mapping[str, Join]) ->
         max_seqlen=max(b.max_seqlen for b in batches),
         mm_token_type_ids=torch.cat([b.mm_token_type_ids for b in batches], dim=-1),
         vision=join_fields(joins, [b.vision for b in batches]),
+        image_blocks=torch.cat(blocks),
         num_media=sum(b.num_media for b in batches),
         num_vision_patches=sum(b.num_vision_patches for b in batches),
         pack_keys=tuple(k for b in batches for k in b.pack_keys),

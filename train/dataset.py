@@ -7,8 +7,9 @@ Checks, in the order a user would fix them: the path exists; it is a complete pa
 format version (``dataset.yaml`` subflavors and the first pack's json) is the one this code
 reads; the processor identity `prep pack` recorded for its inputs (class and settings) equals
 the processor given for training, and the model takes that processor's inputs and token ids
-(`train.identity`); its model attends causally inside image blocks (Gemma 3 does not:
-refused); the train split holds at least one pack per data-parallel worker.
+(`train.identity`); its model attends inside image blocks the way the family's training layout
+applies (causal, or bidirectional where the layout declares it: Gemma 3, `train.block_attention`;
+anything else refused); the train split holds at least one pack per data-parallel worker.
 
 Example::
 
@@ -37,6 +38,7 @@ from schemas.packed import (
     PackedOutput,
     PackMeta,
 )
+from train.families.base import find_layout
 from train.identity import (
     IdentityMismatch,
     ModelConfigSource,
@@ -165,14 +167,22 @@ def tokenized_processor_class(manifest: PackManifest) -> str | None:
 
 
 def _check_attention(manifest: PackManifest) -> None:
-    """Refuse data whose model attends both ways inside image blocks: packed causal varlen would be wrong."""
+    """Refuse data whose image-block attention the family's training layout does not apply exactly.
+
+    The counter records it (``image_attention``); the layout (`train.families`) declares the rule
+    its packed rows carry: causal by default, "bidirectional" for Gemma 3 (image blocks in the
+    batch, `train.block_attention`). Any other pairing would train with the wrong mask.
+    """
     for item in manifest.inputs:
-        if item.processor.image_attention != "causal":
+        recorded = item.processor.image_attention
+        layout = find_layout(item.processor.class_name)
+        applied = getattr(layout, "image_attention", "causal") if layout is not None else "causal"
+        if recorded != applied:
             raise TrainConfigError(
                 f"{item.path} was tokenized with a {item.processor.class_name}, whose model attends "
-                f"{item.processor.image_attention}ly inside each image block; packed training here runs a causal "
-                "varlen kernel and would train it with the wrong mask. Train this family unpacked (one sample per "
-                "row, the model's own mask) until packvlm builds its per-sample image-block masks"
+                f"{recorded}ly inside each image block; packed training here applies {applied} image-block "
+                "attention for it and would train it with the wrong mask. Train this family unpacked (one sample per "
+                "row, the model's own mask) until packvlm builds its packed image-block masks"
             )
 
 

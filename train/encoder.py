@@ -34,8 +34,9 @@ from schemas.packed import LoadedPack
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.families.base import Join
 from train.identity import ModelConfigSource, load_model_config, load_processor_once
+from train.image_blocks import empty_spans, image_block_spans
 from train.media import MediaProcessor, PackEncodeError
-from train.rope import RopeIndex
+from train.rope import IMAGE, RopeIndex
 
 
 def slot_layout(pack: LoadedPack, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,11 +81,19 @@ class PackEncoder:
         """How the family's vision keywords join across packs (`train.batch.concat_batches`)."""
         return self.media.layout.joins
 
+    def image_blocks(self, pack: LoadedPack, ids: torch.Tensor) -> torch.Tensor:
+        """Bidirectional image blocks of the row (`train.image_blocks`) when the family attends so; else none."""
+        layout = self.media.layout
+        if getattr(layout, "image_attention", "causal") != "bidirectional":
+            return empty_spans()
+        return image_block_spans(pack, ids, layout.mm_token_ids[IMAGE])
+
     def encode(self, pack: LoadedPack) -> PackedBatch:
         """One pack -> one `PackedBatch` (batch size 1, slot layout)."""
         ids, labels = slot_layout(pack, self.pad_token_id)
         num_samples = len(pack.cu_seqlens) - 1
         vision = self.media.process(pack.key, pack.media, pack.sample_ids, num_samples)
+        image_blocks = self.image_blocks(pack, ids)  # after the plan check of every item
         positions = self.rope.positions(ids, pack.cu_seqlens.tolist(), pack.cu_seqlens_padded.tolist(), vision.samples)
         slots = np.diff(pack.cu_seqlens_padded)
         return PackedBatch(
@@ -96,6 +105,7 @@ class PackEncoder:
             max_seqlen=int(slots.max()) if slots.size else 0,
             mm_token_type_ids=self.rope.mm_token_type_ids(ids)[None],
             vision=vision.tensors,
+            image_blocks=image_blocks,
             num_media=vision.num_media,
             num_vision_patches=vision.num_patches,
             pack_keys=(pack.key,),
