@@ -23,9 +23,9 @@ from schemas.packed import pack_key, read_packed_output
 from schemas.train import METRICS_FILE
 from train.cli import main as train_main
 
-#: every example family trains packed (Qwen3.5: gated delta nets reset per sample, train.linear_attention);
-#: Gemma 3 needs its own attention rule
-TRAINED = tuple(f for f in example_families() if f not in ("gemma3",))
+#: every example family trains packed (Qwen3.5: gated delta nets reset per sample, train.linear_attention;
+#: Gemma 3: bidirectional image blocks and sliding windows, train.block_attention)
+TRAINED = example_families()
 DATASET = "sharegpt_json"
 PACK_SIZE = 16384  # tiled families expand two small images to ~4,500 tokens
 STEPS = 5
