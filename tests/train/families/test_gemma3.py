@@ -45,6 +45,7 @@ from tests.train.models import (
     tiny_model,
 )
 from train import block_attention
+from train.attention import PACKED_ATTENTION
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.encoder import PackEncoder
 from train.families.base import find_layout
@@ -53,6 +54,7 @@ from train.forward import packed_forward
 from train.image_blocks import token_runs
 from train.loss import per_token_losses, token_loss_sum
 from train.media import PlanMismatchError
+from train.models import load_model
 
 TOLERANCE = 1e-5  # the issue's bound for losses and gradients (fp32)
 LARGE = 1e-3  # a mutation must move some per-token loss by 100x the tolerance at least
@@ -130,6 +132,13 @@ def assert_equals_alone(setup: Setup, batch: PackedBatch, truth: Truth, samples:
     assert max_grad_error(packed, truth.grads) <= TOLERANCE  # allclose, rtol = atol = 1e-5
     assert len(packed) == sum(1 for _ in setup.model.parameters())  # every parameter, vision tower too
     assert any("vision_tower" in name and float(g.abs().max()) > 0 for name, g in packed.items())
+
+
+def test_flash_attention_request_loads_packvlm_varlen(tmp_path: Path) -> None:
+    """Gemma 3 refuses flash attention (it drops the image blocks): `train hf` on a flash-attn GPU gets ours."""
+    family = make_family("gemma3", tmp_path)
+    model = load_model(family.model_dir, seed=0, attn_implementation="flash_attention_2")
+    assert model.config._attn_implementation == PACKED_ATTENTION
 
 
 def test_layout_is_registered_and_uses_the_soft_token(setup: Setup) -> None:
