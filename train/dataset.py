@@ -38,6 +38,7 @@ from schemas.packed import (
     PackedOutput,
     PackMeta,
 )
+from train.context_parallel import padding_problem
 from train.families.base import find_layout
 from train.identity import (
     IdentityMismatch,
@@ -194,6 +195,7 @@ def open_packed_dataset(
     model: ModelConfigSource | None = None,
     split: str = "train",
     min_packs: int = 1,
+    cp_size: int = 1,
 ) -> PackedDatasetInfo:
     """Validate a packed dataset before training; raise `TrainConfigError` naming the fix.
 
@@ -206,6 +208,8 @@ def open_packed_dataset(
             checked against ``processor`` (`train.identity`).
         split: Energon split part to count.
         min_packs: Packs the split must hold at least (data-parallel ranks x loader workers).
+        cp_size: Context-parallel size training runs at: every slot must be a multiple of
+            ``2 * cp_size`` (`train.context_parallel`), i.e. the packs' ``--pad-to-multiple-of``.
     """
     root = Path(path).resolve()
     packed = _packed_output(root)
@@ -216,6 +220,9 @@ def open_packed_dataset(
     tokenized_class = tokenized_processor_class(manifest)
     _check_identity(manifest, root, processor, processor_class, model)
     _check_attention(manifest)
+    cp_problem = padding_problem(manifest.pad_to_multiple_of, cp_size)
+    if cp_problem is not None:
+        raise TrainConfigError(f"--data {root}: {cp_problem}")
     index = read_index(root)
     parts = index.splits.get(split) or []
     num_packs = sum(index.shard_counts.get(p, 0) for p in parts)

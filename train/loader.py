@@ -45,6 +45,7 @@ class LoaderConfig:
     max_samples_per_sequence: int | None = 100
     repeat: bool = True
     split: str = "train"
+    context_parallel_size: int = 1  # slots must be multiples of 2x this (checked when the dataset opens)
 
     def worker_config(self) -> WorkerConfig:
         """Energon's view of this rank; errors re-raised so no pack is ever skipped silently."""
@@ -71,6 +72,7 @@ def validate_loader_config(config: LoaderConfig) -> PackedDatasetInfo:
         model=config.model,
         split=config.split,
         min_packs=config.world_size * max(1, config.num_workers),
+        cp_size=config.context_parallel_size,
     )
 
 
