@@ -56,14 +56,14 @@ def prepare(out: Path) -> None:
         encoder = PackEncoder.from_pretrained(str(family.processor_dir), str(family.model_dir))
         packs = {}
         for pad in PADS:
-            batch = encoder.encode(pack_samples(samples, pad_to_multiple_of=pad))
+            batch = encoder.encode(pack_samples(samples, family.processor_dir, pad_to_multiple_of=pad))
             packs[pad] = {f.name: getattr(batch, f.name) for f in fields(PackedBatch)}
         # The pack's pixels must be the processor's own, sample after sample; stored once.
         alone = [s.inputs["pixel_values"] for s in samples if "pixel_values" in s.inputs]
-        if not all(torch.equal(p["pixel_values"], torch.cat(alone)) for p in packs.values()):
+        if not all(torch.equal(p["vision"]["pixel_values"], torch.cat(alone)) for p in packs.values()):
             raise AssertionError(f"{name}: encoded pixel_values differ from the processor's per-sample outputs")
         for p in packs.values():
-            p["pixel_values"] = None
+            p["vision"] = {k: v for k, v in p["vision"].items() if k != "pixel_values"}
         truth = [{"inputs": {k: v.clone() for k, v in s.inputs.items() if k != "pixel_values"}, "labels": s.labels}
                  for s in samples]  # fmt: skip
         torch.save({"packs": packs, "samples": truth, "pixel_values": torch.cat(alone).clone()}, out / f"{name}.pt")
@@ -141,7 +141,7 @@ def load_case(data: Path, name: str) -> dict:
     case = torch.load(data / f"{name}.pt", weights_only=False)
     pixels, start = case.pop("pixel_values"), 0
     for pack in case["packs"].values():
-        pack["pixel_values"] = pixels
+        pack["vision"]["pixel_values"] = pixels
     for sample in case["samples"]:
         grids = sample["inputs"].get("image_grid_thw")
         if grids is not None:
@@ -190,8 +190,8 @@ def packed_losses(
 
     batch = PackedBatch(**fields_).to(DEVICE)
     if batch.pixel_values is not None:
-        batch = PackedBatch(**{**{f.name: getattr(batch, f.name) for f in fields(PackedBatch)},
-                               "pixel_values": batch.pixel_values.to(dtype)})  # fmt: skip
+        vision = {**batch.vision, "pixel_values": batch.pixel_values.to(dtype)}
+        batch = PackedBatch(**{**{f.name: getattr(batch, f.name) for f in fields(PackedBatch)}, "vision": vision})
     model.zero_grad(set_to_none=True)
     with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
         logits = packed_forward(model, batch)

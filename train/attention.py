@@ -1,19 +1,25 @@
 """Packed (THD / varlen) attention for Hugging Face models: pick it, register it, keep vision safe.
 
 A packed micro-batch is one row of ``T`` tokens; sample ``i`` owns ``[cu[i], cu[i+1])`` and must
-attend causally inside its slot only. ``train.forward.packed_forward`` passes the boundaries
+attend causally inside its slot only (on sliding-window layers, to the last ``sliding_window``
+tokens of its slot: ``kv > q - sliding_window``, transformers' ``sliding_window_overlay``).
+``train.forward.packed_forward`` passes the boundaries
 explicitly (``cu_seq_lens_q/k``, ``max_length_q/k``) with ``attention_mask=None``, so nothing
 depends on transformers guessing them from ``position_ids``. Which kernel consumes them:
 
     CUDA + flash-attn importable   "flash_attention_2"  (transformers' own varlen path)
     otherwise                      "packvlm_varlen"     (registered here):
-        CUDA, fp16/bf16            torch.nn.attention.varlen.varlen_attn, causal = window (-1, 0)
+        CUDA, fp16/bf16            torch.nn.attention.varlen.varlen_attn, causal = window (-1, 0),
+                                   sliding = (sliding_window - 1, 0) as transformers' flash path
                                    (``is_causal`` / repeated kv heads on torch builds whose kernel
                                    lacks ``window_size`` / ``enable_gqa``)
         CPU, fp32, dropout > 0,    exact reference: SDPA per sample over the cu_seqlens slices
-        or no varlen kernel        (one warning on CUDA: autocast to bf16 to get the kernel)
+        or no varlen kernel        (a slot longer than the window gets its L x L window mask;
+                                   one warning on CUDA: autocast to bf16 to get the kernel)
+    with image blocks              Gemma 3's rule (`train.block_attention`): flex_attention with a
+    (``packed_image_blocks``)      BlockMask per micro-batch on CUDA, per-slot masked SDPA on CPU
 
-Neither builds an O(T^2) mask: the mask function registered with ``AttentionMaskInterface``
+None builds an O(T^2) mask over the row: the mask function registered with ``AttentionMaskInterface``
 returns ``None`` unless the caller passes a padding mask (a padded, unpacked batch, which
 then gets transformers' SDPA mask and SDPA).
 
@@ -49,6 +55,14 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from packvlm.errors import InternalError
+from train.block_attention import (
+    IMAGE_BLOCKS_KWARG,
+    ImageBlockRule,
+    flex_attention_forward,
+    flex_available,
+    reference_attention,
+)
+from train.linear_attention import install_packed_linear_attention
 
 log = logging.getLogger(__name__)
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -57,6 +71,8 @@ PACKED_ATTENTION = "packvlm_varlen"
 FLASH_ATTENTION = "flash_attention_2"
 #: the keyword arguments that carry the text model's varlen boundaries
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+#: every keyword that describes the text row's packing (dropped before vision towers)
+PACKED_KWARGS = (*VARLEN_KWARGS, IMAGE_BLOCKS_KWARG)
 _HOOK_FLAG = "_packvlm_vision_hook"
 
 
@@ -105,20 +121,30 @@ def _per_sample_sdpa(
     causal: bool,
     scaling: float | None,
     dropout: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Exact reference: one SDPA per slot on [1, H, L, D] slices; returns [1, H, T, D]."""
-    outputs = [
-        F.scaled_dot_product_attention(
-            query[:, :, a:b],
-            key[:, :, a:b],
-            value[:, :, a:b],
-            dropout_p=dropout,
-            is_causal=causal,
-            scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
+    """Exact reference: one SDPA per slot on [1, H, L, D] slices; returns [1, H, T, D].
+
+    A causal slot longer than ``window`` gets transformers' sliding mask (kv <= q, kv > q - window).
+    """
+    outputs = []
+    for a, b in segments:
+        mask, is_causal = None, causal
+        if window is not None and b - a > window:
+            index = torch.arange(b - a, device=query.device)
+            mask, is_causal = (index[None, :] <= index[:, None]) & (index[None, :] > index[:, None] - window), False
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, a:b],
+                key[:, :, a:b],
+                value[:, :, a:b],
+                attn_mask=mask,
+                dropout_p=dropout,
+                is_causal=is_causal,
+                scale=scaling,
+                enable_gqa=query.shape[1] != key.shape[1],
+            )
         )
-        for a, b in segments
-    ]
     return torch.cat(outputs, dim=2)
 
 
@@ -157,17 +183,22 @@ def _cuda_varlen(
     *,
     causal: bool,
     scaling: float | None,
+    window: int | None = None,
 ) -> torch.Tensor | None:
-    """torch's flash varlen kernel on (total, heads, dim) views: [1, H, T, D], or None if absent."""
+    """torch's flash varlen kernel on (total, heads, dim) views: [1, H, T, D], or None if absent.
+
+    ``window`` (causal only): flash's ``window_size=(window - 1, 0)``, i.e. ``kv >= q - window + 1``,
+    transformers' ``kv > q - sliding_window`` (its flash path passes ``sliding_window - 1`` too).
+    """
     kernel = _varlen_kernel()
-    if kernel is None:
+    if kernel is None or (window is not None and "window_size" not in kernel[1]):
         return None
     varlen_attn, params = kernel
     cu = cu.to(device=query.device, dtype=torch.int32)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
     options: dict[str, Any] = {"scale": scaling}
     if "window_size" in params:  # torch >= 2.11: causal is the window (-1, 0)
-        options["window_size"] = (-1, 0) if causal else (-1, -1)
+        options["window_size"] = ((-1 if window is None else window - 1), 0) if causal else (-1, -1)
     else:
         options["is_causal"] = causal
     if q.shape[1] != k.shape[1]:
@@ -203,32 +234,65 @@ def packed_attention_forward(
     Causality: ``is_causal`` when the caller says (vision towers pass False), else the module's.
     """
     cu = cu_seq_lens_q if cu_seq_lens_q is not None else _boundaries_from_positions(position_ids, query.shape[0])
+    rule: ImageBlockRule | None = kwargs.pop(IMAGE_BLOCKS_KWARG, None)
     if attention_mask is not None or cu is None:
         # Unpacked: a padded batch with transformers' mask, one sequence per row, a vision
         # tower's per-image call, or cached decoding. transformers' SDPA handles all of them.
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    if sliding_window is not None:
-        raise NotImplementedError("packvlm_varlen has no sliding-window attention; use flash_attention_2")
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    if sliding_window is not None and not causal:
+        raise NotImplementedError("packvlm_varlen has no bidirectional sliding-window attention")
     dropout = dropout if module.training else 0.0
     total = query.shape[2]
     if query.shape[0] != 1 or key.shape[2] != total:
         raise PackedAttentionError(f"packed attention needs batch 1 and equal q/k lengths, got {tuple(query.shape)}")
     if cu_seq_lens_k is not None and cu_seq_lens_k is not cu and not torch.equal(cu_seq_lens_k.cpu(), cu.cpu()):
         raise PackedAttentionError("cu_seq_lens_k differs from cu_seq_lens_q; packed self-attention needs one layout")
+    if rule is not None:
+        return _image_block_attention(query, key, value, rule, causal, sliding_window, scaling, dropout), None
     kernel_dtype = _kernel_dtype(query)
     out = None
     if kernel_dtype is not None and dropout == 0.0 and max_length_q is not None:  # cu checked by packed_forward
         q, k, v = (t.to(kernel_dtype) for t in (query, key, value))
-        out = _cuda_varlen(q, k, v, cu, int(max_length_q), causal=causal, scaling=scaling)
+        out = _cuda_varlen(q, k, v, cu, int(max_length_q), causal=causal, scaling=scaling, window=sliding_window)
     if out is None:
         if query.is_cuda:
             _warn_slow_path(query.dtype, dropout)
         segments = _segments(cu, total, "cu_seq_lens_q")
-        out = _per_sample_sdpa(query, key, value, segments, causal=causal, scaling=scaling, dropout=dropout)
+        out = _per_sample_sdpa(
+            query, key, value, segments, causal=causal, scaling=scaling, dropout=dropout, window=sliding_window
+        )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _image_block_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rule: ImageBlockRule,
+    causal: bool,
+    window: int | None,
+    scaling: float | None,
+    dropout: float,
+) -> torch.Tensor:
+    """Gemma 3's packed rule (`train.block_attention`): flex on CUDA, per-slot masked SDPA otherwise."""
+    if not causal:
+        raise NotImplementedError("image blocks on a bidirectional layer: no packed rule for it")
+    if rule.segments[-1][1] != query.shape[2]:
+        raise PackedAttentionError(
+            f"image-block rule covers {rule.segments[-1][1]} tokens, the row has {query.shape[2]}"
+        )
+    if query.is_cuda and dropout == 0.0 and flex_available():
+        dtype = _kernel_dtype(query) or query.dtype
+        q, k, v = (t.to(dtype) for t in (query, key, value))
+        out = flex_attention_forward(q, k, v, rule, window=window, scaling=scaling)
+    else:
+        if query.is_cuda:
+            _warn_slow_path(query.dtype, dropout)
+        out = reference_attention(query, key, value, rule, window=window, scaling=scaling, dropout=dropout)
+    return out.transpose(1, 2).contiguous()
 
 
 def packed_attention_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
@@ -259,7 +323,7 @@ def register_packed_attention() -> str:
 def _drop_text_varlen_kwargs(
     module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    return args, {k: v for k, v in kwargs.items() if k not in VARLEN_KWARGS}
+    return args, {k: v for k, v in kwargs.items() if k not in PACKED_KWARGS}
 
 
 def vision_towers(model: nn.Module) -> list[nn.Module]:
@@ -277,16 +341,11 @@ def vision_towers(model: nn.Module) -> list[nn.Module]:
 def prepare_model_for_packing(model: ModuleT) -> ModuleT:
     """Make ``model`` safe for packed rows (idempotent): vision towers never see text boundaries.
 
-    Also refuses models whose layers ignore ``cu_seqlens`` on this path (hybrid linear
-    attention, e.g. Qwen3.5's gated delta-net in transformers' torch fallback), where packed
-    samples would silently leak into each other through the recurrent state.
+    Hybrid linear-attention models: gated delta nets get per-sample conv and state resets
+    (``train.linear_attention``); any other linear layer is refused there
+    (``UnsupportedLinearAttentionError``), never trained with samples leaking into each other.
     """
-    text_config = getattr(model.config, "text_config", model.config)
-    if "linear_attention" in (getattr(text_config, "layer_types", None) or ()):
-        raise NotImplementedError(
-            f"{type(model).__name__} has linear-attention layers; their torch fallback ignores cu_seqlens, "
-            "so packed samples would see each other. Train it unpacked."
-        )
+    install_packed_linear_attention(model)
     for tower in vision_towers(model):
         if not getattr(tower, _HOOK_FLAG, False):
             tower.register_forward_pre_hook(_drop_text_varlen_kwargs, with_kwargs=True)

@@ -26,19 +26,44 @@ index (t/h/w) computed for each sample alone and concatenated. That 4-row layout
 transformers needs to detect packing (``position_ids[0]`` restarts at 0) while rotating
 with the real mRoPE positions (see FIELD-NOTES "Packed attention").
 
-Media are concatenated in token order across the micro-batch: ``pixel_values`` /
-``image_grid_thw`` for images, ``pixel_values_videos`` / ``video_grid_thw`` (and
-``second_per_grid_ts`` for Qwen2.5-VL) for videos, exactly as the model's processor returns
-them for one sample, stacked.
+``position_ids`` is ``[1, T]`` for every family whose rotary positions are 1-D (LLaVA,
+Pixtral / Mistral 3, InternVL, Idefics3 / SmolVLM, Gemma 3): restarting per slot is all the
+packing they need.
+
+``vision`` holds the keyword arguments of the family's model ``forward`` for the media of the
+whole row, in token order, as its `train.families` layout declares them, e.g.::
+
+    Qwen2/2.5/3-VL, GLM, Omni  pixel_values [patches, C*t*p*p], image_grid_thw [N, 3],
+                               pixel_values_videos, video_grid_thw, second_per_grid_ts
+    Pixtral / Mistral 3        pixel_values [N, 3, H_max, W_max] (zero-padded), image_sizes [N, 2]
+    LLaVA-NeXT / OneVision     pixel_values [N, tiles_max, 3, S, S], image_sizes [N, 2], batch_num_images
+    Idefics3 / SmolVLM         pixel_values [1, tiles, 3, S, S], pixel_attention_mask [1, tiles, S, S]
+    InternVL                   pixel_values [tiles, 3, S, S]
+
+How a keyword joins across packs (``--packs-per-microbatch``) is the layout's ``joins``; a
+text-only row has an empty ``vision``.
+
+``image_blocks`` (int32 ``[N, 2]``) lists the ``[start, end)`` row offsets of every image
+block that attends bidirectionally (families whose layout declares ``image_attention =
+"bidirectional"``: Gemma 3, one block per tile's run of soft tokens), in row order; empty for
+every other family. They come from the stored media plan (`train.image_blocks`) and shift
+with their pack in `concat_batches`. Example, Gemma 3 with 4 soft tokens per tile, sample 1
+holding one image::
+
+    input_ids          [a0 a1 a2 PAD | b0 B s s s s E b1 PAD PAD PAD PAD]
+    image_blocks       [[6, 10]]
+    attention          same slot AND (causal OR same block); sliding layers AND kv > q - window
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+from train.families.base import Join, join_fields
 
 IGNORE_INDEX = -100  # label of tokens that carry no loss (torch / HF cross-entropy default)
 
@@ -61,15 +86,14 @@ class PackedBatch:
     max_seqlen: int
     #: int [1, T]: 0 text, 1 image token, 2 video token (what transformers' rope index reads)
     mm_token_type_ids: torch.Tensor
-    #: float [N_patches, C*t*p*p] for the images of all samples, in token order; None if none
-    pixel_values: torch.Tensor | None = None
-    #: int64 [N_images, 3]
-    image_grid_thw: torch.Tensor | None = None
-    pixel_values_videos: torch.Tensor | None = None
-    #: int64 [N_videos, 3]
-    video_grid_thw: torch.Tensor | None = None
-    #: float [N_videos] seconds per temporal grid step (Qwen2.5-VL only)
-    second_per_grid_ts: torch.Tensor | None = None
+    #: the family model's vision keywords for the row (see the module docstring); empty without media
+    vision: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: int32 [N, 2] ``[start, end)`` row offsets of bidirectional image blocks (Gemma 3); empty otherwise
+    image_blocks: torch.Tensor = field(default_factory=lambda: torch.zeros((0, 2), dtype=torch.int32))
+    #: images plus videos in the row
+    num_media: int = 0
+    #: patches the vision encoder embeds for the row (its share of the compute)
+    num_vision_patches: int = 0
     #: webdataset keys of the packs in this micro-batch, in order
     pack_keys: tuple[str, ...] = ()
     #: tokenized sample ids, in row order (trace any token back to `prep tokenize` rows)
@@ -95,39 +119,39 @@ class PackedBatch:
         return int(self.cu_seqlens.numel() - 1)
 
     @property
-    def num_media(self) -> int:
-        """Images plus videos in the micro-batch."""
-        grids = (self.image_grid_thw, self.video_grid_thw)
-        return sum(int(g.shape[0]) for g in grids if g is not None)
+    def pixel_values(self) -> torch.Tensor | None:
+        return self.vision.get("pixel_values")
 
     @property
-    def num_vision_patches(self) -> int:
-        """Patches the vision tower encodes (before spatial merging): its share of the compute."""
-        grids = (self.image_grid_thw, self.video_grid_thw)
-        return sum(int(g.prod(-1).sum()) for g in grids if g is not None)
+    def image_grid_thw(self) -> torch.Tensor | None:
+        return self.vision.get("image_grid_thw")
+
+    @property
+    def pixel_values_videos(self) -> torch.Tensor | None:
+        return self.vision.get("pixel_values_videos")
+
+    @property
+    def video_grid_thw(self) -> torch.Tensor | None:
+        return self.vision.get("video_grid_thw")
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """A copy with every tensor on ``device`` (non-blocking where pinned)."""
         moved: dict[str, Any] = {}
-        for field in fields(self):
-            value = getattr(self, field.name)
-            moved[field.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        for f in fields(self):
+            value = getattr(self, f.name)
+            moved[f.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        moved["vision"] = {k: v.to(device, non_blocking=True) for k, v in self.vision.items()}
         return PackedBatch(**moved)
 
 
-def _cat_optional(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
-    present = [t for t in tensors if t is not None]
-    return torch.cat(present) if present else None
-
-
-def concat_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
+def concat_batches(batches: Sequence[PackedBatch], joins: Mapping[str, Join]) -> PackedBatch:
     """k packs -> one THD row (``--packs-per-microbatch k``); pure.
 
     Token tensors are joined along the row; ``cu_seqlens`` continue from the previous packs'
-    real-token total and ``cu_seqlens_padded`` from their row length, so sample boundaries stay
-    exact; media are joined in order (token order is preserved because packs are). Example,
-    packs with ``cu_seqlens_padded`` [0 4 8] and [0 3]: the row has ``cu_seqlens_padded``
-    [0 4 8 11].
+    real-token total, ``cu_seqlens_padded`` and ``image_blocks`` from their row length, so sample
+    boundaries and image blocks stay exact; vision keywords are joined in order by the family
+    layout's ``joins`` (token order is preserved because packs are). Example, packs with
+    ``cu_seqlens_padded`` [0 4 8] and [0 3]: the row has ``cu_seqlens_padded`` [0 4 8 11].
     """
     if not batches:
         raise ValueError("concat_batches needs at least one batch")
@@ -135,11 +159,16 @@ def concat_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
         return batches[0]
     if len({b.position_ids.dim() for b in batches}) != 1:
         raise ValueError("cannot concatenate text-only [1, T] and multimodal [4, 1, T] position_ids")
+    unknown = {k for b in batches for k in b.vision} - set(joins)
+    if unknown:
+        raise ValueError(f"no join rule for vision keywords {sorted(unknown)}")
     real, padded = [batches[0].cu_seqlens], [batches[0].cu_seqlens_padded]
+    blocks = [batches[0].image_blocks]
     real_offset, row_offset = int(batches[0].cu_seqlens[-1]), batches[0].num_tokens
     for b in batches[1:]:
         real.append(b.cu_seqlens[1:] + real_offset)
         padded.append(b.cu_seqlens_padded[1:] + row_offset)
+        blocks.append(b.image_blocks + row_offset)
         real_offset += int(b.cu_seqlens[-1])
         row_offset += b.num_tokens
     return PackedBatch(
@@ -150,11 +179,10 @@ def concat_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
         cu_seqlens_padded=torch.cat(padded),
         max_seqlen=max(b.max_seqlen for b in batches),
         mm_token_type_ids=torch.cat([b.mm_token_type_ids for b in batches], dim=-1),
-        pixel_values=_cat_optional([b.pixel_values for b in batches]),
-        image_grid_thw=_cat_optional([b.image_grid_thw for b in batches]),
-        pixel_values_videos=_cat_optional([b.pixel_values_videos for b in batches]),
-        video_grid_thw=_cat_optional([b.video_grid_thw for b in batches]),
-        second_per_grid_ts=_cat_optional([b.second_per_grid_ts for b in batches]),
+        vision=join_fields(joins, [b.vision for b in batches]),
+        image_blocks=torch.cat(blocks),
+        num_media=sum(b.num_media for b in batches),
+        num_vision_patches=sum(b.num_vision_patches for b in batches),
         pack_keys=tuple(k for b in batches for k in b.pack_keys),
         sample_ids=tuple(s for b in batches for s in b.sample_ids),
     )

@@ -5,9 +5,11 @@ Checks, in the order a user would fix them: the path exists; it is a complete pa
 `schemas.packed.read_packed_output`); ``prep energon-index`` ran (``.nv-meta`` with
 ``dataset.yaml``, ``split.yaml``, ``.info.json`` and a ``.tar.idx`` per shard); the pack
 format version (``dataset.yaml`` subflavors and the first pack's json) is the one this code
-reads; the processor class `prep pack` recorded for its inputs equals the processor given for
-training, and its model attends causally inside image blocks (Gemma 3 does not: refused); the
-train split holds at least one pack per data-parallel worker.
+reads; the processor identity `prep pack` recorded for its inputs (class and settings) equals
+the processor given for training, and the model takes that processor's inputs and token ids
+(`train.identity`); its model attends inside image blocks the way the family's training layout
+applies (causal, or bidirectional where the layout declares it: Gemma 3, `train.block_attention`;
+anything else refused); the train split holds at least one pack per data-parallel worker.
 
 Example::
 
@@ -26,6 +28,7 @@ import yaml
 
 from packvlm.errors import UsageError
 from prep.energon.index import DATASET_YAML, META_DIR, EnergonIndexError, read_index, read_packed_dir
+from prep.tokenize.processor import ProcessorBundle
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import ManifestError, ManifestVersionError, PackManifest
 from schemas.packed import (
@@ -36,6 +39,17 @@ from schemas.packed import (
     PackedOutput,
     PackMeta,
 )
+from train.context_parallel import padding_problem
+from train.families.base import find_layout
+from train.identity import (
+    IdentityMismatch,
+    ModelConfigSource,
+    check_model_matches_data,
+    check_processor_identity,
+    load_model_config,
+    load_processor_once,
+)
+from train.media import MediaProcessor, PackEncodeError
 
 INFO_JSON = ".info.json"
 SPLIT_YAML = "split.yaml"
@@ -111,13 +125,39 @@ def _check_format(root: Path, first_shard: str) -> None:
         raise TrainConfigError(f"--data {root}: first pack of {first_shard}: {exc}: {fix}") from exc
 
 
-def _processor_class(processor: str) -> str:
-    from prep.tokenize.processor import ProcessorLoadError, load_processor
+def _load_processor(processor: str) -> ProcessorBundle:
+    from prep.tokenize.processor import ProcessorLoadError
 
     try:
-        return load_processor(str(processor)).processor_class
+        return load_processor_once(str(processor))
     except (ProcessorLoadError, OSError) as exc:
         raise TrainConfigError(f"--processor {processor}: cannot be loaded ({exc})") from exc
+
+
+def _check_identity(
+    manifest: PackManifest,
+    root: Path,
+    processor: str | None,
+    processor_class: str | None,
+    model: ModelConfigSource | None,
+) -> None:
+    """Processor identity (class + settings), then the model against the processor (`train.identity`)."""
+    tokenized_class = tokenized_processor_class(manifest)
+    bundle = _load_processor(processor) if processor is not None else None
+    try:
+        if bundle is not None:
+            check_processor_identity(bundle, (i.processor for i in manifest.inputs), str(root))
+        elif processor_class is not None and tokenized_class is not None and processor_class != tokenized_class:
+            raise IdentityMismatch(
+                f"--processor is a {processor_class} but {root} was tokenized with a {tokenized_class}: train with "
+                "the processor the data was tokenized with, or re-run `prep tokenize` and `prep pack` with yours"
+            )
+        if bundle is not None and model is not None:
+            layout = MediaProcessor.from_bundle(bundle).layout
+            name = model if isinstance(model, str) else type(model).__name__
+            check_model_matches_data(load_model_config(model), bundle, layout.mm_token_ids, str(name))
+    except (IdentityMismatch, PackEncodeError) as exc:
+        raise TrainConfigError(str(exc)) from exc
 
 
 def tokenized_processor_class(manifest: PackManifest) -> str | None:
@@ -129,14 +169,22 @@ def tokenized_processor_class(manifest: PackManifest) -> str | None:
 
 
 def _check_attention(manifest: PackManifest) -> None:
-    """Refuse data whose model attends both ways inside image blocks: packed causal varlen would be wrong."""
+    """Refuse data whose image-block attention the family's training layout does not apply exactly.
+
+    The counter records it (``image_attention``); the layout (`train.families`) declares the rule
+    its packed rows carry: causal by default, "bidirectional" for Gemma 3 (image blocks in the
+    batch, `train.block_attention`). Any other pairing would train with the wrong mask.
+    """
     for item in manifest.inputs:
-        if item.processor.image_attention != "causal":
+        recorded = item.processor.image_attention
+        layout = find_layout(item.processor.class_name)
+        applied = getattr(layout, "image_attention", "causal") if layout is not None else "causal"
+        if recorded != applied:
             raise TrainConfigError(
                 f"{item.path} was tokenized with a {item.processor.class_name}, whose model attends "
-                f"{item.processor.image_attention}ly inside each image block; packed training here runs a causal "
-                "varlen kernel and would train it with the wrong mask. Train this family unpacked (one sample per "
-                "row, the model's own mask) until packvlm builds its per-sample image-block masks"
+                f"{recorded}ly inside each image block; packed training here applies {applied} image-block "
+                "attention for it and would train it with the wrong mask. Train this family unpacked (one sample per "
+                "row, the model's own mask) until packvlm builds its packed image-block masks"
             )
 
 
@@ -145,34 +193,37 @@ def open_packed_dataset(
     processor: str | None = None,
     *,
     processor_class: str | None = None,
+    model: ModelConfigSource | None = None,
     split: str = "train",
     min_packs: int = 1,
+    cp_size: int = 1,
 ) -> PackedDatasetInfo:
     """Validate a packed dataset before training; raise `TrainConfigError` naming the fix.
 
     Args:
         path: The `prep pack` output directory (indexed by `prep energon-index`).
-        processor: Processor directory / hub id training will use; its class is compared with
-            the one the data was tokenized with.
-        processor_class: That class name directly, instead of ``processor``; both None skip the check.
+        processor: Processor directory / hub id training will use; its identity (class and
+            settings) is compared with the one the data was tokenized with.
+        processor_class: A class name to compare instead of ``processor``; both None skip the check.
+        model: The model directory / config training will use: its family and token ids are
+            checked against ``processor`` (`train.identity`).
         split: Energon split part to count.
         min_packs: Packs the split must hold at least (data-parallel ranks x loader workers).
+        cp_size: Context-parallel size training runs at: every slot must be a multiple of
+            ``2 * cp_size`` (`train.context_parallel`), i.e. the packs' ``--pad-to-multiple-of``.
     """
     root = Path(path).resolve()
-    if processor is not None and processor_class is None:
-        processor_class = _processor_class(processor)
     packed = _packed_output(root)
     manifest = packed.manifest
     shards = [s.name for s in packed.shards.shards]
     _check_index(root, shards)
     _check_format(root, shards[0])
     tokenized_class = tokenized_processor_class(manifest)
-    if processor_class is not None and tokenized_class is not None and processor_class != tokenized_class:
-        raise TrainConfigError(
-            f"--processor is a {processor_class} but {root} was tokenized with a {tokenized_class}: train with the "
-            "processor the data was tokenized with, or re-run `prep tokenize` and `prep pack` with yours"
-        )
+    _check_identity(manifest, root, processor, processor_class, model)
     _check_attention(manifest)
+    cp_problem = padding_problem(manifest.pad_to_multiple_of, cp_size)
+    if cp_problem is not None:
+        raise TrainConfigError(f"--data {root}: {cp_problem}")
     index = read_index(root)
     parts = index.splits.get(split) or []
     num_packs = sum(index.shard_counts.get(p, 0) for p in parts)

@@ -5,8 +5,9 @@ Hooks in Energon's call order (all stateless, so a restored loader replays them 
 1. ``cook_crude_sample`` - the shipped cooker (`packvlm.energon.PACK_COOKER`, inherited from
    `packvlm.energon.PackedTaskEncoder`), raw bytes in (``decoder = None``) -> `PackedSample`.
 2. ``encode_sample`` - `PackEncoder.encode` on its `LoadedPack`: slot layout, labels, positions,
-   vision tensors.
-3. ``batch`` - `train.batch.concat_batches` over Energon's ``batch_size`` = packs per micro-batch.
+   vision keywords (the family's `train.families` layout).
+3. ``batch`` - `train.batch.concat_batches` over Energon's ``batch_size`` = packs per micro-batch,
+   joining vision keywords by the layout's ``joins``.
 4. ``encode_batch`` - identity.
 
 `PackEncoder` holds a processor bundle and a meta-device model, neither of which should be
@@ -20,28 +21,22 @@ pickled into loader workers: the TaskEncoder keeps only paths/config and builds 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from megatron.energon import stateless
-from transformers import AutoConfig, PretrainedConfig
 
 from packvlm.energon import PackedSample, PackedTaskEncoder
 from schemas.packed import LoadedPack
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
-from train.media import MediaProcessor, PackEncodeError, VisionInputs
-from train.rope import RopeIndex, SampleMedia
-
-ModelConfigSource = str | PretrainedConfig  # a model directory (config.json) or a config object
-
-
-def load_model_config(model_config: ModelConfigSource) -> PretrainedConfig:
-    """A config object from a directory / hub id, or the object itself."""
-    if isinstance(model_config, PretrainedConfig):
-        return model_config
-    return AutoConfig.from_pretrained(str(model_config))
+from train.families.base import Join
+from train.identity import ModelConfigSource, load_model_config, load_processor_once
+from train.image_blocks import empty_spans, image_block_spans
+from train.media import MediaProcessor, PackEncodeError
+from train.rope import IMAGE, RopeIndex
 
 
 def slot_layout(pack: LoadedPack, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,24 +57,6 @@ def slot_layout(pack: LoadedPack, pad_token_id: int | None) -> tuple[torch.Tenso
     return torch.from_numpy(ids), torch.from_numpy(labels)
 
 
-def per_sample_media(pack: LoadedPack, vision: VisionInputs) -> list[SampleMedia]:
-    """Split the pack's grids by sample: row k of ``image_grid_thw`` is the pack's k-th image."""
-    owners = {kind: [m.meta.sample for m in pack.media if m.meta.kind == kind] for kind in ("image", "video")}
-
-    def rows(grids: torch.Tensor | None, kind: str, sample: int) -> torch.Tensor | None:
-        index = [k for k, owner in enumerate(owners[kind]) if owner == sample]
-        return grids[index] if index and grids is not None else None
-
-    return [
-        SampleMedia(
-            image_grid_thw=rows(vision.image_grid_thw, "image", i),
-            video_grid_thw=rows(vision.video_grid_thw, "video", i),
-            second_per_grid_ts=rows(vision.second_per_grid_ts, "video", i),
-        )
-        for i in range(len(pack.cu_seqlens) - 1)
-    ]
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackEncoder:
     """Everything a worker needs to turn packs into micro-batches; `encode` is pure given it."""
@@ -90,23 +67,34 @@ class PackEncoder:
 
     @classmethod
     def from_pretrained(cls, processor: str, model_config: ModelConfigSource) -> PackEncoder:
-        """Load the processor (as `prep tokenize` does) and the model config once."""
-        from prep.tokenize.processor import load_processor
+        """Load the processor (as `prep tokenize` does, once per process) and the model config."""
+        bundle = load_processor_once(str(processor))
+        media = MediaProcessor.from_bundle(bundle)
+        layout, config = media.layout, load_model_config(model_config)
+        # a text-only model trained on the text of multimodal data rotates with 1-D positions
+        mrope = layout.rope == "mrope" and getattr(config, "vision_config", None) is not None
+        rope = RopeIndex.from_config(config, mrope=mrope, mm_token_ids=layout.mm_token_ids)
+        return cls(media=media, rope=rope, pad_token_id=bundle.tokenizer.pad_token_id)
 
-        bundle = load_processor(str(processor))
-        return cls(
-            media=MediaProcessor.from_bundle(bundle),
-            rope=RopeIndex.from_config(load_model_config(model_config)),
-            pad_token_id=bundle.tokenizer.pad_token_id,
-        )
+    @property
+    def joins(self) -> Mapping[str, Join]:
+        """How the family's vision keywords join across packs (`train.batch.concat_batches`)."""
+        return self.media.layout.joins
+
+    def image_blocks(self, pack: LoadedPack, ids: torch.Tensor) -> torch.Tensor:
+        """Bidirectional image blocks of the row (`train.image_blocks`) when the family attends so; else none."""
+        layout = self.media.layout
+        if getattr(layout, "image_attention", "causal") != "bidirectional":
+            return empty_spans()
+        return image_block_spans(pack, ids, layout.mm_token_ids[IMAGE])
 
     def encode(self, pack: LoadedPack) -> PackedBatch:
         """One pack -> one `PackedBatch` (batch size 1, slot layout)."""
         ids, labels = slot_layout(pack, self.pad_token_id)
-        vision = self.media.process(pack.key, pack.media, pack.sample_ids)
-        positions = self.rope.positions(
-            ids, pack.cu_seqlens.tolist(), pack.cu_seqlens_padded.tolist(), per_sample_media(pack, vision)
-        )
+        num_samples = len(pack.cu_seqlens) - 1
+        vision = self.media.process(pack.key, pack.media, pack.sample_ids, num_samples)
+        image_blocks = self.image_blocks(pack, ids)  # after the plan check of every item
+        positions = self.rope.positions(ids, pack.cu_seqlens.tolist(), pack.cu_seqlens_padded.tolist(), vision.samples)
         slots = np.diff(pack.cu_seqlens_padded)
         return PackedBatch(
             input_ids=ids[None],
@@ -116,11 +104,10 @@ class PackEncoder:
             cu_seqlens_padded=torch.from_numpy(pack.cu_seqlens_padded.astype(np.int32)),
             max_seqlen=int(slots.max()) if slots.size else 0,
             mm_token_type_ids=self.rope.mm_token_type_ids(ids)[None],
-            pixel_values=vision.pixel_values,
-            image_grid_thw=vision.image_grid_thw,
-            pixel_values_videos=vision.pixel_values_videos,
-            video_grid_thw=vision.video_grid_thw,
-            second_per_grid_ts=vision.second_per_grid_ts,
+            vision=vision.tensors,
+            image_blocks=image_blocks,
+            num_media=vision.num_media,
+            num_vision_patches=vision.num_patches,
             pack_keys=(pack.key,),
             sample_ids=tuple(pack.sample_ids),
         )
@@ -161,7 +148,7 @@ class PackedBatchTaskEncoder(PackedTaskEncoder[PackedBatch, PackedBatch, PackedB
 
     @stateless
     def batch(self, samples: list[PackedBatch]) -> PackedBatch:
-        return concat_batches(samples)
+        return concat_batches(samples, self.encoder.joins)
 
     @stateless
     def encode_batch(self, batch: PackedBatch) -> PackedBatch:

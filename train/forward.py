@@ -6,14 +6,18 @@ The call is what FIELD-NOTES "Packed attention" says transformers 5.x needs, and
           attention_mask=None, use_cache=False,          # a cache or a mask breaks packing
           cu_seq_lens_q=cu_seq_lens_k=cu_seqlens_padded,   # int32 [S+1] slot offsets
           max_length_q=max_length_k=max_seqlen,
-          pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
-          second_per_grid_ts, mm_token_type_ids)            # only those the model accepts
+          **batch.vision,                                   # the family's vision keywords
+          mm_token_type_ids,                                # where the model accepts it
+          packed_image_blocks=ImageBlockRule(...))          # rows with image blocks (Gemma 3)
 
 The boundaries are the *slots* (``cu_seqlens_padded``): a pad token sits at the end of its
 slot, attends only to its own sample (causally, so no real token sees it) and has label
 -100, so real tokens compute exactly what the sample alone would. Positions are passed, so
 the model never runs its whole-row rope index. Text-only causal LMs get no media keywords
-and the text row of the positions.
+and the text row of the positions. A row with bidirectional image blocks (``image_blocks``)
+carries one `train.block_attention.ImageBlockRule` to every attention call; only
+"packvlm_varlen" reads it, so any other attention implementation is refused for such rows
+(transformers' own mask would need ``token_type_ids``, which is per sample, not per row).
 """
 
 from __future__ import annotations
@@ -23,18 +27,9 @@ import inspect
 import torch
 from torch import nn
 
-from train.attention import PackedAttentionError, prepare_model_for_packing
+from train.attention import PACKED_ATTENTION, PackedAttentionError, prepare_model_for_packing
 from train.batch import PackedBatch
-
-MEDIA_FIELDS = (
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_values_videos",
-    "video_grid_thw",
-    "second_per_grid_ts",
-    "mm_token_type_ids",
-)
-
+from train.block_attention import IMAGE_BLOCKS_KWARG, ImageBlockRule
 
 _FORWARD_PARAMETERS: dict[type[nn.Module], frozenset[str]] = {}  # one entry per model class
 
@@ -64,6 +59,9 @@ def packed_inputs(model: nn.Module, batch: PackedBatch) -> dict[str, object]:
     position_ids = batch.position_ids
     if position_ids.dim() == 3 and "pixel_values" not in accepted:
         position_ids = position_ids[0]  # a text-only model rotates with the text row
+    refused = sorted(set(batch.vision) - accepted)
+    if refused:
+        raise TypeError(f"{type(model).__name__} takes no {', '.join(refused)}, but packs {batch.pack_keys} carry them")
     inputs: dict[str, object] = {
         "input_ids": batch.input_ids,
         "position_ids": position_ids,
@@ -74,14 +72,19 @@ def packed_inputs(model: nn.Module, batch: PackedBatch) -> dict[str, object]:
         "max_length_q": int(batch.max_seqlen),
         "max_length_k": int(batch.max_seqlen),
     }
-    for name in MEDIA_FIELDS:
-        value = getattr(batch, name)
-        if value is None:
-            continue
-        if name in accepted:
-            inputs[name] = value
-        elif name != "mm_token_type_ids":
-            raise TypeError(f"{type(model).__name__} takes no {name}, but packs {batch.pack_keys} carry media")
+    inputs.update(batch.vision)
+    if "mm_token_type_ids" in accepted:
+        inputs["mm_token_type_ids"] = batch.mm_token_type_ids
+    if batch.image_blocks.numel():
+        implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        if implementation != PACKED_ATTENTION:
+            raise PackedAttentionError(
+                f"packs {batch.pack_keys} hold bidirectional image blocks, which only {PACKED_ATTENTION!r} applies; "
+                f"the model uses {implementation!r}"
+            )
+        inputs[IMAGE_BLOCKS_KWARG] = ImageBlockRule.build(
+            batch.cu_seqlens_padded, batch.image_blocks.to(batch.input_ids.device), batch.num_tokens
+        )
     return inputs
 
 

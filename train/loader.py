@@ -43,7 +43,8 @@ from megatron.energon.errors import reraise_exception
 
 from packvlm.energon import quiet_pin_memory_without_accelerator
 from train.dataset import PackedDatasetInfo, TrainConfigError, open_packed_dataset
-from train.encoder import ModelConfigSource, PackedBatchTaskEncoder
+from train.encoder import PackedBatchTaskEncoder
+from train.identity import ModelConfigSource
 
 log = logging.getLogger(__name__)
 Sampling = Literal["epoch", "buffer"]
@@ -67,6 +68,7 @@ class LoaderConfig:
     max_samples_per_sequence: int | None = 100  # "buffer" only
     repeat: bool = True
     split: str = "train"
+    context_parallel_size: int = 1  # slots must be multiples of 2x this (checked when the dataset opens)
 
     def worker_config(self) -> WorkerConfig:
         """Energon's view of this rank; errors re-raised so no pack is ever skipped silently."""
@@ -90,7 +92,14 @@ def validate_loader_config(config: LoaderConfig) -> PackedDatasetInfo:
     if config.sampling not in SAMPLINGS:
         raise TrainConfigError(f"sampling {config.sampling!r} is not one of {', '.join(SAMPLINGS)}")
     workers = config.world_size * max(1, config.num_workers)
-    info = open_packed_dataset(config.data, config.processor, split=config.split, min_packs=workers)
+    info = open_packed_dataset(
+        config.data,
+        config.processor,
+        model=config.model,
+        split=config.split,
+        min_packs=workers,
+        cp_size=config.context_parallel_size,
+    )
     if config.sampling == "epoch" and info.num_packs % workers:
         log.warning(
             "%d packs over %d data-parallel workers (ranks x loader workers): %d workers hold one pack more, so "

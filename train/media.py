@@ -1,19 +1,22 @@
-"""A pack's stored media -> the model's vision inputs, with the model's own processors.
+"""A pack's stored media -> the model's vision inputs, with the family's own processors.
 
 Images are decoded from their original bytes by transformers' ``load_image`` (EXIF transpose,
 then ``convert("RGB")``: alpha is dropped, palette/grey expanded) - the rules `prep tokenize`
-assumed when it counted tokens from headers - and run through the loaded image processor one
-image at a time (one call per pack gives identical tensors and is no faster, and per-image
-calls name the failing item). Videos: exactly the frames listed in ``frame_indices`` are
-decoded with PyAV (``rgb24``, as transformers' PyAV reader ``load_video(backend="pyav")`` does)
-and given to the processor's video processor with ``do_sample_frames=False``. Note that a
-processor given a video *path* decodes with torchcodec by default (it needs system FFmpeg);
-torchcodec's RGB conversion is not checked to be bit-identical to PyAV's.
-`tests/train/test_video.py` checks this path against the real processors (needs torchvision).
+assumed when it counted tokens from headers. Videos: exactly the frames listed in
+``frame_indices`` are decoded with PyAV (``rgb24``, as transformers' PyAV reader
+``load_video(backend="pyav")`` does) and given to the processor's video processor with
+``do_sample_frames=False``. Note that a processor given a video *path* decodes with torchcodec
+by default (it needs system FFmpeg); torchcodec's RGB conversion is not checked to be
+bit-identical to PyAV's. `tests/train/test_video.py` checks this path against the real
+processors (needs torchvision).
 
-Every grid the processor returns must equal the ``grid_thw`` stored at tokenize time: that is
-what keeps the token plan exact end to end; otherwise `GridMismatchError`. Every error here
-is a broken invariant, never a pack to skip: `train.loader` re-raises it as is, and
+What happens to the decoded media is the family's business: its `train.families` layout runs
+the family's image / video processor one sample at a time and says how each vision keyword
+joins (``pixel_values``, ``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``, ...).
+For every item, what the processor made of it (grid, tiles, placeholder tokens) must equal
+what `prep tokenize` stored: that is what keeps the token plan exact end to end; otherwise
+`PlanMismatchError` naming pack, sample, member and both values. Every error here is a broken
+invariant, never a pack to skip: `train.loader` re-raises it as is, and
 `train.encoder.PackedBatchTaskEncoder` lowers Energon's failure tolerance to 1 so that any
 other loader stops on it too.
 """
@@ -32,18 +35,26 @@ from transformers.image_utils import load_image
 
 from packvlm.errors import DataBudgetError
 from schemas.packed import PackedMediaItem
+from train.families.base import DecodedVideo, FamilyLayout, ItemInputs, SampleInputs, find_layout, join_fields
 
 
 class PackEncodeError(DataBudgetError, ValueError):
     """A pack cannot become a micro-batch; the message names pack, sample and fix."""
 
 
-class GridMismatchError(PackEncodeError):
-    """The processor's grid differs from the grid `prep tokenize` counted: the plan is broken."""
+class PlanMismatchError(PackEncodeError):
+    """The processor's grid / tiles / tokens for an item differ from what `prep tokenize` stored."""
+
+
+GridMismatchError = PlanMismatchError  # the name before every family was checked (grids only)
 
 
 class VideoProcessorUnavailable(PackEncodeError):
-    """A pack holds a video but no video processor could be loaded (needs torchvision)."""
+    """A pack holds a video the family's layout cannot process (no video layout, or no torchvision)."""
+
+
+#: why a layout without ``no_video_reason`` cannot take a video
+NO_VIDEO_LAYOUT = "this family's training layout takes images only: train it on image/text data"
 
 
 class MediaDecodeError(PackEncodeError):
@@ -64,31 +75,6 @@ class MediaOrigin:
 
     def __str__(self) -> str:
         return f"pack {self.pack_key}, sample {self.sample_id}, member {self.member}"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class VisionInputs:
-    """The vision tensors of one pack, concatenated in token order (None when absent)."""
-
-    pixel_values: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
-    pixel_values_videos: torch.Tensor | None = None
-    video_grid_thw: torch.Tensor | None = None
-    second_per_grid_ts: torch.Tensor | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DecodedVideo:
-    """Frames in ``frame_indices`` order plus the container fields tokenize read (same source)."""
-
-    frames: np.ndarray  # uint8 [n, H, W, 3]
-    total_frames: int
-    fps: float
-
-    @property
-    def sampled_fps(self) -> float:
-        """transformers' ``VideoMetadata.sampled_fps``: frames kept per second of video."""
-        return len(self.frames) / self.total_frames * self.fps
 
 
 def decode_image(data: bytes, origin: MediaOrigin) -> Image.Image:
@@ -130,78 +116,83 @@ def decode_video_frames(data: bytes, frame_indices: Sequence[int], origin: Media
     return DecodedVideo(frames=np.stack(frames), total_frames=total, fps=fps)
 
 
-def check_grid(origin: MediaOrigin, stored: Sequence[int], actual: Sequence[int]) -> None:
-    """Raise `GridMismatchError` unless the processor's grid equals the stored one."""
-    if tuple(int(x) for x in actual) != tuple(int(x) for x in stored):
-        raise GridMismatchError(
-            f"{origin}: processor grid {tuple(int(x) for x in actual)} != stored grid "
-            f"{tuple(int(x) for x in stored)}; the processor settings differ from those `prep tokenize` "
-            "used: train with the same processor or re-run tokenize and pack"
-        )
+#: the stored facts of an item the processor's output is checked against, in message order
+PLAN_FIELDS = ("grid_thw", "num_tiles", "num_tokens")
+
+
+def check_plan(origin: MediaOrigin, stored: PackedMediaItem, got: ItemInputs) -> None:
+    """Raise `PlanMismatchError` unless the processor's grid, tiles and tokens equal the stored ones."""
+    for name in PLAN_FIELDS:
+        want, have = getattr(stored.meta, name), getattr(got, name)
+        if tuple(np.atleast_1d(want).tolist()) != tuple(np.atleast_1d(have).tolist()):
+            raise PlanMismatchError(
+                f"{origin}: processor {name} {have} != stored {name} {want}; the processor settings differ from "
+                "those `prep tokenize` used: train with the same processor or re-run tokenize and pack"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackVision:
+    """The vision keywords of one pack (joined in token order) and each sample's own part."""
+
+    tensors: dict[str, torch.Tensor]
+    samples: tuple[dict[str, torch.Tensor], ...]  # per sample: its items joined (what its rope index reads)
+    num_media: int
+    num_patches: int  # vision-encoder patches of all items
+
+
+class NoTrainingLayout(PackEncodeError):
+    """The data's processor class has no `train.families` layout: this family cannot train here."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MediaProcessor:
-    """The model's processors for one worker; `process` is pure given them."""
+    """The family's layout for one worker; `process` is pure given it."""
 
-    image_processor: Any
-    video_processor: Any | None  # None where torchvision is missing
-    #: the processor returns ``second_per_grid_ts`` (Qwen2.5-VL) for its rope index
-    wants_second_per_grid_ts: bool
-    temporal_patch_size: int
+    layout: FamilyLayout
 
     @classmethod
     def from_bundle(cls, bundle: Any) -> MediaProcessor:
-        """From a `prep.tokenize.processor.ProcessorBundle`."""
-        processor = bundle.processor
-        video = getattr(processor, "video_processor", None) if processor is not None else None
-        names = list(getattr(processor, "model_input_names", []) or [])
-        tps = getattr(video, "temporal_patch_size", None) or bundle.video_config.get("temporal_patch_size", 2)
-        return cls(
-            image_processor=bundle.image_processor,
-            video_processor=video,
-            wants_second_per_grid_ts="second_per_grid_ts" in names,
-            temporal_patch_size=int(tps),
+        """From a `prep.tokenize.processor.ProcessorBundle`: the layout registered for its class."""
+        layout_class = find_layout(bundle.processor_class)
+        if layout_class is None:
+            raise NoTrainingLayout(
+                f"{bundle.source}: no training layout for {bundle.processor_class} (train.families); "
+                "packvlm cannot build this family's vision inputs"
+            )
+        return cls(layout=layout_class.from_bundle(bundle))
+
+    def process(
+        self, pack_key: str, media: Sequence[PackedMediaItem], sample_ids: Sequence[str], num_samples: int
+    ) -> PackVision:
+        """Vision keywords for a pack's media (already in token order); every item checked against the plan."""
+        samples, patches = [], 0
+        for sample in range(num_samples):
+            mine = [m for m in media if m.meta.sample == sample]
+            got = self._sample(pack_key, mine, sample_ids) if mine else SampleInputs()
+            samples.append(join_fields(self.layout.joins, [*(i.tensors for i in got.items), got.tensors]))
+            patches += sum(i.num_patches for i in got.items)
+        return PackVision(
+            tensors=join_fields(self.layout.joins, samples),
+            samples=tuple(samples),
+            num_media=len(media),
+            num_patches=patches,
         )
 
-    def process(self, pack_key: str, media: Sequence[PackedMediaItem], sample_ids: Sequence[str]) -> VisionInputs:
-        """Vision tensors for a pack's media (already in token order); grids checked."""
-        images = [m for m in media if m.meta.kind == "image"]
-        videos = [m for m in media if m.meta.kind == "video"]
-        out: dict[str, torch.Tensor] = {}
-        if images:
-            pixels, grids = [], []
-            for item in images:
-                origin = MediaOrigin.of(pack_key, item, sample_ids)
-                got = self.image_processor(images=[decode_image(item.data, origin)], return_tensors="pt")
-                check_grid(origin, item.meta.grid_thw, got["image_grid_thw"][0].tolist())
-                pixels.append(got["pixel_values"])
-                grids.append(got["image_grid_thw"])
-            out["pixel_values"] = torch.cat(pixels)
-            out["image_grid_thw"] = torch.cat(grids).to(torch.int64)
-        if videos:
-            out.update(self._videos(pack_key, videos, sample_ids))
-        return VisionInputs(**out)
-
-    def _videos(
-        self, pack_key: str, videos: Sequence[PackedMediaItem], sample_ids: Sequence[str]
-    ) -> dict[str, torch.Tensor]:
-        pixels, grids, seconds = [], [], []
-        for item in videos:
-            origin = MediaOrigin.of(pack_key, item, sample_ids)
-            if self.video_processor is None:
-                raise VideoProcessorUnavailable(
-                    f"{origin}: the pack holds a video but the model's video processor could not be loaded "
-                    "(HF video processors need torchvision): `pip install torchvision` matching your torch, "
-                    "or train on image/text-only data"
-                )
-            decoded = decode_video_frames(item.data, item.meta.frame_indices, origin)
-            got = self.video_processor(videos=[decoded.frames], do_sample_frames=False, return_tensors="pt")
-            check_grid(origin, item.meta.grid_thw, got["video_grid_thw"][0].tolist())
-            pixels.append(got["pixel_values_videos"])
-            grids.append(got["video_grid_thw"])
-            seconds.append(self.temporal_patch_size / decoded.sampled_fps)
-        out = {"pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.cat(grids).to(torch.int64)}
-        if self.wants_second_per_grid_ts:
-            out["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
-        return out
+    def _sample(self, pack_key: str, items: Sequence[PackedMediaItem], sample_ids: Sequence[str]) -> SampleInputs:
+        images = [m for m in items if m.meta.kind == "image"]
+        videos = [m for m in items if m.meta.kind == "video"]
+        origins = [MediaOrigin.of(pack_key, m, sample_ids) for m in (*images, *videos)]
+        if videos and not self.layout.supports_video:
+            reason = getattr(self.layout, "no_video_reason", NO_VIDEO_LAYOUT)
+            raise VideoProcessorUnavailable(f"{origins[len(images)]}: the pack holds a video, but {reason}")
+        decoded_images = [decode_image(m.data, o) for m, o in zip(images, origins)]
+        decoded_videos = [
+            decode_video_frames(m.data, m.meta.frame_indices, o) for m, o in zip(videos, origins[len(images) :])
+        ]
+        got: SampleInputs = self.layout.sample_inputs(decoded_images, decoded_videos)
+        if len(got.items) != len(origins):
+            raise PackEncodeError(f"{origins[0]}: the layout returned {len(got.items)} items for {len(origins)}")
+        for stored, origin, item in zip((*images, *videos), origins, got.items):
+            check_plan(origin, stored, item)
+        return got

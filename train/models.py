@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 from packvlm.errors import UsageError
-from train.attention import prepare_model_for_packing, register_packed_attention
+from train.attention import FLASH_ATTENTION, PACKED_ATTENTION, prepare_model_for_packing, register_packed_attention
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,15 @@ def _auto_class(config: object) -> type[AutoModelForCausalLM] | type[AutoModelFo
     return AutoModelForCausalLM
 
 
+def _packable_attention(config: object, auto_class: type, attn_implementation: str) -> str:
+    """``packvlm_varlen`` for a model class that refuses flash attention (Gemma 3: its image blocks)."""
+    model_class = auto_class._model_mapping.get(type(config), None)  # type: ignore[attr-defined]
+    if attn_implementation == FLASH_ATTENTION and not getattr(model_class, "_supports_flash_attn", True):
+        log.info("%s does not support %s: using %s", model_class.__name__, FLASH_ATTENTION, PACKED_ATTENTION)
+        return PACKED_ATTENTION
+    return attn_implementation
+
+
 def load_model(
     model_dir: str | Path,
     *,
@@ -75,6 +84,7 @@ def load_model(
     register_packed_attention()
     config = AutoConfig.from_pretrained(str(model_dir))
     auto_class = _auto_class(config)
+    attn_implementation = _packable_attention(config, auto_class, attn_implementation)
     if has_weights(model_dir):
         log.info("loading %s weights from %s", type(config).__name__, model_dir)
         model = auto_class.from_pretrained(str(model_dir), dtype=dtype, attn_implementation=attn_implementation)

@@ -10,7 +10,10 @@ results are laid out slot by slot. Layout for a VL model (``[4, 1, T]``)::
     rows 1-3 (thw)  | get_rope_index(sample 0), m+1 | get_rope_index(sample 1), m+1, m+2 |
 
 where pad tokens continue from the sample's largest rope position ``m`` (what transformers'
-``rope_deltas`` would give the next token). Text-only configs get ``[1, T]``: row 0 alone.
+``rope_deltas`` would give the next token). Families with 1-D rotary positions (LLaVA,
+Pixtral / Mistral 3, InternVL, Idefics3, Gemma 3, text-only models) get ``[1, T]``: row 0
+alone. Which rule a family follows is its `train.families` layout's ``rope``; the arguments of
+``get_rope_index`` are bound by the installed signature (the Omni thinkers' differs).
 
 ``get_rope_index`` reads only the config (merge size, tokens per second), never a weight, so
 the model is built once on the meta device: no memory, ~0.2-3 s per worker.
@@ -18,7 +21,8 @@ the model is built once on the meta device: no memory, ~0.2-3 s per worker.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,44 +32,39 @@ from transformers import PretrainedConfig
 TEXT, IMAGE, VIDEO = 0, 1, 2  # transformers' mm_token_type_ids values
 
 
-def _family_rope_index(config: PretrainedConfig) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
-    """The bound ``get_rope_index`` of the family's base model built on meta, or None (text-only)."""
-    if getattr(config, "vision_config", None) is None:
-        return None
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+def _family_rope_index(config: PretrainedConfig) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The bound ``get_rope_index`` of the family's model built on meta (the base model's, else its own)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
-    model_class: Any = MODEL_MAPPING.get(type(config), None)  # a model class; transformers types it loosely
-    if model_class is None or not hasattr(model_class, "get_rope_index"):
-        return None
+    model_class: Any = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING.get(type(config), None)  # typed loosely by transformers
+    if model_class is None:
+        raise TypeError(f"{type(config).__name__} is not an image-text-to-text config: it has no mRoPE index")
     with torch.device("meta"):
         model = model_class._from_config(config)
-    return model.get_rope_index
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SampleMedia:
-    """One sample's grids in token order (None when it has none of that kind)."""
-
-    image_grid_thw: torch.Tensor | None = None
-    video_grid_thw: torch.Tensor | None = None
-    second_per_grid_ts: torch.Tensor | None = None
+    for owner in (getattr(model, "model", None), model):
+        if owner is not None and hasattr(owner, "get_rope_index"):
+            return owner.get_rope_index
+    raise TypeError(f"{model_class.__name__} has no get_rope_index: its family is not an mRoPE family")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RopeIndex:
-    """Positions for packed rows of one model config; pure given it."""
+    """Positions for packed rows of one model family; pure given it."""
 
-    image_token_id: int | None
-    video_token_id: int | None
-    rope_index: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None  # None: text-only model
+    mm_token_ids: Mapping[int, int]  # mm_token_type_ids value (IMAGE, VIDEO) -> placeholder token id
+    rope_index: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None  # None: 1-D positions
+    #: the parameter names of ``rope_index`` in the installed transformers (arguments bound by name)
+    parameters: frozenset[str] = frozenset()
 
     @classmethod
-    def from_config(cls, config: PretrainedConfig) -> RopeIndex:
-        """Read the token ids and build the family's rope function once."""
+    def from_config(cls, config: PretrainedConfig, *, mrope: bool, mm_token_ids: Mapping[int, int]) -> RopeIndex:
+        """Build the family's rope function once (``mrope``), reading the token ids of the data."""
+        if not mrope:
+            return cls(mm_token_ids=dict(mm_token_ids), rope_index=None)
         fn = _family_rope_index(config)
-        image = getattr(config, "image_token_id", None)
-        video = getattr(config, "video_token_id", None)
-        return cls(image_token_id=image, video_token_id=video, rope_index=fn)
+        return cls(
+            mm_token_ids=dict(mm_token_ids), rope_index=fn, parameters=frozenset(inspect.signature(fn).parameters)
+        )
 
     @property
     def multimodal(self) -> bool:
@@ -74,24 +73,28 @@ class RopeIndex:
     def mm_token_type_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """0 text, 1 image placeholder, 2 video placeholder, as the processor returns them."""
         out = torch.zeros_like(input_ids, dtype=torch.int64)
-        if self.image_token_id is not None:
-            out[input_ids == self.image_token_id] = IMAGE
-        if self.video_token_id is not None:
-            out[input_ids == self.video_token_id] = VIDEO
+        for value, token_id in self.mm_token_ids.items():
+            out[input_ids == token_id] = value
         return out
 
-    def sample_positions(self, input_ids: torch.Tensor, media: SampleMedia) -> torch.Tensor:
-        """``[3, L]`` rope positions of one sample (its real tokens only) from the family's rule."""
+    def sample_positions(self, input_ids: torch.Tensor, media: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``[3, L]`` rope positions of one sample (its real tokens only) from the family's rule.
+
+        Arguments are bound by the installed ``get_rope_index``'s own parameter names: the ids,
+        ``mm_token_type_ids`` where it takes them, an all-ones ``attention_mask`` (the sample
+        alone, unpadded: the Omni thinkers' index reads it for text-only samples) and the
+        sample's vision keywords it reads (grids, ``second_per_grid_ts``).
+        """
         if self.rope_index is None:
-            raise TypeError("a text-only config has no multimodal rope index")
+            raise TypeError("this family has no multimodal rope index")
         ids = input_ids[None].to(torch.int64)
-        positions, _ = self.rope_index(
-            ids,
-            mm_token_type_ids=self.mm_token_type_ids(ids),
-            image_grid_thw=media.image_grid_thw,
-            video_grid_thw=media.video_grid_thw,
-            second_per_grid_ts=media.second_per_grid_ts,
-        )
+        available = {
+            "input_ids": ids,
+            "mm_token_type_ids": self.mm_token_type_ids(ids),
+            "attention_mask": torch.ones_like(ids),
+            **media,
+        }
+        positions, _ = self.rope_index(**{k: v for k, v in available.items() if k in self.parameters})
         return positions[:, 0]
 
     def positions(
@@ -99,15 +102,15 @@ class RopeIndex:
         input_ids: torch.Tensor,
         cu_seqlens: Sequence[int],
         cu_seqlens_padded: Sequence[int],
-        media: Sequence[SampleMedia],
+        media: Sequence[Mapping[str, torch.Tensor]],
     ) -> torch.Tensor:
-        """Position ids of a packed row ``input_ids`` [T]: ``[4, 1, T]`` (VL) or ``[1, T]`` (text).
+        """Position ids of a packed row ``input_ids`` [T]: ``[4, 1, T]`` (mRoPE) or ``[1, T]``.
 
         Args:
             input_ids: The row, slot layout (sample i's real tokens start at cu_seqlens_padded[i]).
             cu_seqlens: Real-token boundaries [S+1].
             cu_seqlens_padded: Slot boundaries [S+1]; its last value is T.
-            media: Per sample, its grids (ignored for text-only models).
+            media: Per sample, its vision keywords (ignored for 1-D positions).
         """
         total = int(cu_seqlens_padded[-1])
         text = torch.empty(total, dtype=torch.int64)

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
     type=click.Choice(example_families()),
     default="qwen2_vl",
     show_default=True,
-    help="Processor family written to OUT_DIR/processor (Qwen-VL families also write a tiny model to OUT_DIR/model).",
+    help="Family of OUT_DIR/processor and of the tiny random-init model config in OUT_DIR/model (matching it).",
 )
 @click.option(
     "--bad-rows/--no-bad-rows",
@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
     help="Also write the 'chat' rows as a datasets-style Parquet file with embedded image bytes ('chat_parquet').",
 )
 def example_command(out_dir: Path, num_samples: int, seed: int, family: str, bad_rows: bool, parquet: bool) -> None:
-    """Write a tiny offline processor (Qwen-VL by default), model config and multimodal ShareGPT dataset to OUT_DIR."""
+    """Write a tiny offline processor (Qwen2-VL by default), its model config and a multimodal ShareGPT dataset."""
     config_path = write_example_dataset(
         out_dir, num_samples=num_samples, seed=seed, with_bad_rows=bad_rows, family=family
     )

@@ -33,8 +33,9 @@ from schemas.packed import LoadedPack
 from tests.shards.oracles import original_bytes, tokenized_rows
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.encoder import PackedBatchTaskEncoder, PackEncoder
+from train.families.qwen2_vl import GridLayout
 from train.media import GridMismatchError, MediaOrigin, VideoProcessorUnavailable, decode_image, decode_video_frames
-from train.rope import RopeIndex, SampleMedia
+from train.rope import RopeIndex
 
 
 def _energon(
@@ -181,7 +182,7 @@ def test_other_processor_settings_stop_the_loader(images, tmp_path, num_workers)
     config["size"]["longest_edge"] = config["max_pixels"] = 28 * 28 * 16
     (proc / "preprocessor_config.json").write_text(json.dumps(config))
     te = PackedBatchTaskEncoder(str(proc), str(images.processor))
-    with pytest.raises(GridMismatchError, match="processor grid"):  # as train.loader configures Energon
+    with pytest.raises(GridMismatchError, match="processor grid_thw"):  # as train.loader configures Energon
         _energon(images.path, te, num_workers, 1, reraise=True)
     if num_workers == 0:
         with pytest.raises(FatalSampleError, match="1 times in a row"):  # Energon's default handler: logs, stops
@@ -254,8 +255,8 @@ def test_video_path_plumbing_with_a_stand_in_processor(packed_example, encoder):
     videos = packed_example(media="videos")
     config = json.loads((videos.processor / "video_preprocessor_config.json").read_text())
     stand_in = _Qwen2VideoGrids(config)
-    media = dataclasses.replace(encoder.media, video_processor=stand_in, wants_second_per_grid_ts=True)
-    video_encoder = dataclasses.replace(encoder, media=media)
+    layout = dataclasses.replace(encoder.media.layout, video_processor=stand_in, wants_second_per_grid_ts=True)
+    video_encoder = dataclasses.replace(encoder, media=dataclasses.replace(encoder.media, layout=layout))
     rows = tokenized_rows(videos.tokenized)
     for pack in _packs(videos.path):
         batch = video_encoder.encode(pack)
@@ -270,7 +271,7 @@ def test_video_path_plumbing_with_a_stand_in_processor(packed_example, encoder):
                 total_num_frames=meta.num_frames, fps=meta.fps, frames_indices=list(item.frame_indices)
             )
             want.append(2 / sampled.sampled_fps)
-        assert batch.second_per_grid_ts.tolist() == pytest.approx(want)
+        assert batch.vision["second_per_grid_ts"].tolist() == pytest.approx(want)
         assert batch.position_ids.shape == (4, 1, batch.num_tokens)
         assert (batch.mm_token_type_ids == 2).sum() == sum(t * h * w // 4 for t, h, w in batch.video_grid_thw.tolist())
     assert stand_in.calls and all(flag is False for _, flag in stand_in.calls)
@@ -322,15 +323,19 @@ def _vision(token: int, grid: tuple[int, int, int], per_frame_text: bool) -> lis
     return [START_ID, *block * t, END_ID]
 
 
-def _samples(family: str) -> list[tuple[list[int], SampleMedia]]:
+def _media(**tensors: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in tensors.items() if v is not None}
+
+
+def _samples(family: str) -> list[tuple[list[int], dict[str, torch.Tensor]]]:
     qwen3 = family in ("qwen3_vl", "qwen3_5")
     video = (2, 4, 6)
     return [
-        ([1, 2, *_vision(IMAGE_ID, (1, 4, 6), False), 3, 4, 5], SampleMedia(image_grid_thw=torch.tensor([[1, 4, 6]]))),
-        (list(range(10, 17)), SampleMedia()),
+        ([1, 2, *_vision(IMAGE_ID, (1, 4, 6), False), 3, 4, 5], _media(image_grid_thw=torch.tensor([[1, 4, 6]]))),
+        (list(range(10, 17)), _media()),
         (
             [9, *_vision(IMAGE_ID, (1, 6, 4), False), 9, *_vision(VIDEO_ID, video, qwen3), 11, 12],
-            SampleMedia(
+            _media(
                 image_grid_thw=torch.tensor([[1, 6, 4]]),
                 video_grid_thw=torch.tensor([video]),
                 second_per_grid_ts=torch.tensor([0.5]) if family == "qwen2_5_vl" else None,
@@ -351,15 +356,15 @@ def test_rope_rows_equal_get_rope_index_of_each_sample_alone(family):
     row = torch.zeros(cp[-1], dtype=torch.int64)
     for (ids, _), start in zip(samples, cp):
         row[start : start + len(ids)] = torch.tensor(ids)
-    rope = RopeIndex.from_config(config)
+    rope = RopeIndex.from_config(config, mrope=True, mm_token_ids={1: IMAGE_ID, 2: VIDEO_ID})
     positions = rope.positions(row, cu, cp, [m for _, m in samples])
     assert positions.shape == (4, 1, cp[-1])
     for (ids, media), start, slot in zip(samples, cp, slots):
         ids_t = torch.tensor([ids])
         types = (ids_t == IMAGE_ID).long() + 2 * (ids_t == VIDEO_ID).long()
         alone, _ = model.get_rope_index(
-            ids_t, mm_token_type_ids=types, image_grid_thw=media.image_grid_thw,
-            video_grid_thw=media.video_grid_thw, second_per_grid_ts=media.second_per_grid_ts,
+            ids_t, mm_token_type_ids=types, image_grid_thw=media.get("image_grid_thw"),
+            video_grid_thw=media.get("video_grid_thw"), second_per_grid_ts=media.get("second_per_grid_ts"),
         )  # fmt: skip
         assert torch.equal(positions[1:, 0, start : start + len(ids)], alone[:, 0])
         assert positions[0, 0, start : start + slot].tolist() == list(range(slot))
@@ -372,9 +377,9 @@ def test_rope_rows_equal_get_rope_index_of_each_sample_alone(family):
     whole, _ = model.get_rope_index(
         torch.cat([torch.tensor(ids) for ids, _ in samples])[None],
         mm_token_type_ids=rope.mm_token_type_ids(torch.cat([torch.tensor(ids) for ids, _ in samples]))[None],
-        image_grid_thw=torch.cat([m.image_grid_thw for _, m in samples if m.image_grid_thw is not None]),
-        video_grid_thw=samples[2][1].video_grid_thw,
-        second_per_grid_ts=samples[2][1].second_per_grid_ts,
+        image_grid_thw=torch.cat([m["image_grid_thw"] for _, m in samples if "image_grid_thw" in m]),
+        video_grid_thw=samples[2][1]["video_grid_thw"],
+        second_per_grid_ts=samples[2][1].get("second_per_grid_ts"),
     )
     assert not torch.equal(whole[:, 0, cu[1] : cu[2]], positions[1:, 0, cp[1] : cp[1] + lengths[1]])
 
@@ -410,8 +415,8 @@ def test_example_packs_rope_equals_a_real_tiny_model_per_sample(images, encoder)
 
 def test_text_only_config_gives_one_restarting_row():
     config = AutoConfig.for_model("qwen2", vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
-    rope = RopeIndex.from_config(config)
-    positions = rope.positions(torch.arange(10), [0, 3, 7], [0, 4, 10], [SampleMedia(), SampleMedia()])
+    rope = RopeIndex.from_config(config, mrope=False, mm_token_ids={})
+    positions = rope.positions(torch.arange(10), [0, 3, 7], [0, 4, 10], [{}, {}])
     assert positions.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]]
 
 
@@ -431,8 +436,12 @@ def _batch(n_slots: list[tuple[int, int]], key: str, grids: list[list[int]] | No
         cu_seqlens_padded=torch.tensor(np.concatenate([[0], np.cumsum(slot)]), dtype=torch.int32),
         max_seqlen=max(slot),
         mm_token_type_ids=torch.zeros(1, total, dtype=torch.int64),
-        pixel_values=torch.full((sum(t * h * w for t, h, w in grids), 2), float(start_id)) if grids else None,
-        image_grid_thw=torch.tensor(grids) if grids else None,
+        vision={
+            "pixel_values": torch.full((sum(t * h * w for t, h, w in grids), 2), float(start_id)),
+            "image_grid_thw": torch.tensor(grids),
+        }
+        if grids
+        else {},
         pack_keys=(key,),
         sample_ids=tuple(f"{key}:{i}" for i in range(len(real))),
     )
@@ -442,7 +451,7 @@ def test_concat_batches_hand_computed():
     a = _batch([(3, 4), (2, 4)], "a", [[1, 2, 2]], 0)  # cu [0 3 5], padded [0 4 8]
     b = _batch([(3, 3)], "b", None, 100)  # cu [0 3], padded [0 3]
     c = _batch([(5, 8), (1, 8)], "c", [[1, 2, 4], [1, 2, 2]], 200)  # cu [0 5 6], padded [0 8 16]
-    got = concat_batches([a, b, c])
+    got = concat_batches([a, b, c], GridLayout.joins)
     assert got.cu_seqlens.tolist() == [0, 3, 5, 8, 13, 14] and got.cu_seqlens.dtype == torch.int32
     assert got.cu_seqlens_padded.tolist() == [0, 4, 8, 11, 19, 27] and got.cu_seqlens_padded.dtype == torch.int32
     assert got.max_seqlen == 8 and got.num_tokens == 27 and got.num_real_tokens == 14
@@ -451,10 +460,12 @@ def test_concat_batches_hand_computed():
     assert got.image_grid_thw.tolist() == [[1, 2, 2], [1, 2, 4], [1, 2, 2]]
     assert got.pixel_values[:, 0].tolist() == [0.0] * 4 + [200.0] * 12
     assert got.pack_keys == ("a", "b", "c") and got.sample_ids == ("a:0", "a:1", "b:0", "c:0", "c:1")
-    assert got.video_grid_thw is None and got.second_per_grid_ts is None
-    assert concat_batches([a]) is a
+    assert got.video_grid_thw is None and set(got.vision) == {"pixel_values", "image_grid_thw"}
+    assert concat_batches([a], GridLayout.joins) is a
     with pytest.raises(ValueError):
-        concat_batches([])
+        concat_batches([], GridLayout.joins)
+    with pytest.raises(ValueError, match="no join rule"):
+        concat_batches([a, c], {})
 
 
 def test_task_encoder_hooks_are_stateless_and_pickle_without_processors(images):

@@ -1,9 +1,10 @@
-"""A family whose model attends both ways inside image blocks (Gemma 3) is recorded as such and refused.
+"""How a family's model attends inside image blocks is recorded, and trained only where packing applies it.
 
-The packed causal varlen kernel cannot express Gemma 3's bidirectional image-block attention,
-so training such data packed would be silently wrong. The fact travels from the family counter
-through the tokenize manifest and the pack manifest to ``train``, which refuses it; a Qwen
-example (causal) passes the same check.
+The fact travels from the family counter through the tokenize manifest and the pack manifest
+to ``train``, which compares it with the rule the family's training layout applies: Gemma 3
+(bidirectional blocks, `train.block_attention`) and a Qwen example (causal) pass; data whose
+recorded attention the layout does not apply (here: Gemma 3 data with a layout that would
+train it causally) is refused, never trained with the wrong mask.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from schemas.layout import MANIFEST_FILE
 from schemas.manifest import PackManifest, TokenizeManifest, read_manifest
 from tests.shards.oracles import pack
 from train.dataset import TrainConfigError, open_packed_dataset
+from train.families.gemma3 import Gemma3Layout
 
 
 def _packed(tmp_path: Path, family: str) -> Path:
@@ -42,14 +44,17 @@ def _packed(tmp_path: Path, family: str) -> Path:
 
 
 @pytest.mark.parametrize(("family", "attention"), [("gemma3", "bidirectional"), ("qwen2_vl", "causal")])
-def test_image_attention_is_recorded_and_gemma3_refused(tmp_path: Path, family: str, attention: str) -> None:
+def test_image_attention_is_recorded_and_trained(tmp_path: Path, family: str, attention: str) -> None:
     out = _packed(tmp_path, family)
     tokenized = read_manifest(tmp_path / "tok" / MANIFEST_FILE, TokenizeManifest)
     packed = read_manifest(out / MANIFEST_FILE, PackManifest)
     assert tokenized.processor.image_attention == attention
     assert [i.processor.image_attention for i in packed.inputs] == [attention]
-    if attention == "causal":
-        assert open_packed_dataset(out).num_packs >= 1
-    else:
-        with pytest.raises(TrainConfigError, match="bidirectionally inside each image block"):
-            open_packed_dataset(out)
+    assert open_packed_dataset(out).num_packs >= 1
+
+
+def test_attention_the_layout_does_not_apply_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _packed(tmp_path, "gemma3")
+    monkeypatch.setattr(Gemma3Layout, "image_attention", "causal")
+    with pytest.raises(TrainConfigError, match="bidirectionally inside each image block"):
+        open_packed_dataset(out)

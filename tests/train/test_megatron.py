@@ -345,7 +345,8 @@ def test_text_only_refuses_media_unless_ignored():
 
     plain = make_batch(DOC_SAMPLES)
     with_image = PackedBatch(
-        **{n: getattr(plain, n) for n in plain.__slots__} | {"image_grid_thw": torch.tensor([[1, 2, 2]])}
+        **{n: getattr(plain, n) for n in plain.__slots__}
+        | {"vision": {"image_grid_thw": torch.tensor([[1, 2, 2]])}, "num_media": 1}
     )
     assert list(text_only([plain], ignore_media=False)) == [plain]
     with pytest.raises(MediaInPackError, match=r"pack-00000007.*--ignore-media"):

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config
+from transformers import JambaConfig, Qwen2Config
 
 from prep.tokenize.processor import load_processor
 from tests.train.models import CONVERSATIONS, make_family, pack_samples, process, reference, scatter_truth
 from train.attention import prepare_model_for_packing
 from train.encoder import PackEncoder
 from train.forward import packed_forward
+from train.linear_attention import UnsupportedLinearAttentionError, linear_attention_layers
 from train.loss import per_token_losses
 from train.models import ModelLoadError, load_model
 
@@ -53,12 +54,28 @@ def test_missing_config_is_a_clear_error(tmp_path: Path) -> None:
         load_model(tmp_path, seed=0, attn_implementation="packvlm_varlen")
 
 
-def test_linear_attention_models_are_refused() -> None:
-    """Their torch fallback ignores cu_seqlens: packing would leak through the recurrent state."""
+def test_uncovered_linear_attention_models_are_refused(tmp_path: Path) -> None:
+    """Linear layers that are not gated delta nets (train.linear_attention) would leak state across samples."""
     model = torch.nn.Module()
     model.config = types.SimpleNamespace(layer_types=["linear_attention", "full_attention"])
-    with pytest.raises(NotImplementedError, match="linear-attention"):
+    with pytest.raises(UnsupportedLinearAttentionError, match="linear-attention"):
         prepare_model_for_packing(model)
+    config = JambaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, attn_layer_period=2, attn_layer_offset=1, num_experts=1, mamba_d_state=4,
+        mamba_dt_rank=4,
+    )  # fmt: skip
+    assert config.layer_types == ["linear_attention", "full_attention"]  # a Mamba layer: not covered
+    config.save_pretrained(tmp_path / "jamba")
+    with pytest.raises(UnsupportedLinearAttentionError, match="JambaForCausalLM.*JambaMambaMixer"):
+        load_model(tmp_path / "jamba", seed=0, attn_implementation="packvlm_varlen")
+
+
+def test_gated_delta_net_models_load_for_packing(tmp_path: Path) -> None:
+    """Qwen3.5's hybrid layers are covered (proof: tests/train/families/test_qwen3_5.py)."""
+    family = make_family("qwen3_5", tmp_path)
+    model = load_model(family.model_dir, seed=0, attn_implementation="packvlm_varlen")
+    assert [type(m).__name__ for m in linear_attention_layers(model)] == ["Qwen3_5GatedDeltaNet"]
 
 
 def test_text_only_causal_lm_packs_exactly(family, tmp_path: Path) -> None:
@@ -74,7 +91,9 @@ def test_text_only_causal_lm_packs_exactly(family, tmp_path: Path) -> None:
     processor = load_processor(str(family.processor_dir)).processor
     samples = [process(processor, c) for c in CONVERSATIONS if not c.image_sizes]
     truth = reference(model, samples)
-    batch = PackEncoder.from_pretrained(str(family.processor_dir), config).encode(pack_samples(samples))
+    batch = PackEncoder.from_pretrained(str(family.processor_dir), config).encode(
+        pack_samples(samples, family.processor_dir)
+    )
     assert batch.position_ids.shape == (1, batch.num_tokens)
     with torch.no_grad():
         losses = per_token_losses(packed_forward(model, batch), batch.labels)

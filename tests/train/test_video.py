@@ -119,8 +119,8 @@ def test_pack_encoder_videos_equal_the_real_processor(packed_videos):
     family, processor_dir, rows, packs = packed_videos
     processor = real_processor(processor_dir)
     encoder = PackEncoder.from_pretrained(str(processor_dir), str(processor_dir))
-    assert encoder.media.video_processor is not None
-    assert encoder.media.wants_second_per_grid_ts == (family == "qwen2_5_vl")
+    assert encoder.media.layout.video_processor is not None
+    assert encoder.media.layout.wants_second_per_grid_ts == (family == "qwen2_5_vl")
     kwargs = sampling_kwargs()
     checked, frame_counts = 0, set()
     for packed in packs:
@@ -148,10 +148,10 @@ def test_pack_encoder_videos_equal_the_real_processor(packed_videos):
         assert batch.video_grid_thw.dtype == torch.int64
         assert torch.equal(batch.pixel_values_videos, torch.cat(pixels))
         if family == "qwen2_5_vl":
-            assert batch.second_per_grid_ts.dtype == torch.float32
-            assert batch.second_per_grid_ts.tolist() == pytest.approx(seconds, abs=1e-6)
+            assert batch.vision["second_per_grid_ts"].dtype == torch.float32
+            assert batch.vision["second_per_grid_ts"].tolist() == pytest.approx(seconds, abs=1e-6)
         else:
-            assert batch.second_per_grid_ts is None and not seconds
+            assert "second_per_grid_ts" not in batch.vision and not seconds
         assert (batch.mm_token_type_ids == 2).sum() == sum(t * h * w // 4 for t, h, w in batch.video_grid_thw.tolist())
     assert checked >= 10 and len(frame_counts) >= 2
 
@@ -172,11 +172,11 @@ def test_odd_frame_counts_and_unsampled_videos(family, tmp_path):
         assert len(indices) % 2 == 1 or (family != "qwen3_vl" and kwargs["do_sample_frames"])  # a padded patch
         grid = tuple(truth["video_grid_thw"][0].tolist())
         item = media_item("video", path.read_bytes(), sample=0, grid_thw=grid, member="v", frame_indices=indices)
-        got = encoder.media.process("p", [item], ["s"])
-        assert got.video_grid_thw.tolist() == [list(grid)]
-        assert torch.equal(got.pixel_values_videos, truth["pixel_values_videos"])
+        got = encoder.media.process("p", [item], ["s"], 1)
+        assert got.tensors["video_grid_thw"].tolist() == [list(grid)]
+        assert torch.equal(got.tensors["pixel_values_videos"], truth["pixel_values_videos"])
         if family == "qwen2_5_vl":
-            assert got.second_per_grid_ts.tolist() == pytest.approx([float(truth["second_per_grid_ts"][0])])
+            assert got.tensors["second_per_grid_ts"].tolist() == pytest.approx([float(truth["second_per_grid_ts"][0])])
         if family == "qwen3_vl":  # timestamps follow the same indices and source fps we read
             decoded = decode_video_frames(
                 path.read_bytes(), indices, MediaOrigin(pack_key="p", sample_id="s", member="v")

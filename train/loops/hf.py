@@ -43,6 +43,7 @@ from train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from train.chunked_loss import chunked_token_loss_sum
 from train.distributed import (
     DistContext,
     all_reduce_grads,
@@ -51,9 +52,8 @@ from train.distributed import (
     init_distributed,
     shutdown,
 )
-from train.forward import packed_forward
 from train.loader import LoaderConfig, Sampling, loader_state, make_loader, validate_loader_config
-from train.loss import global_label_tokens, token_loss_sum
+from train.loss import global_label_tokens
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
 
@@ -265,9 +265,8 @@ def _step(
     loss_sum = 0.0
     for batch in micro:
         batch = batch.to(ctx.device)
-        with _autocast(ctx.device):
-            logits = packed_forward(model, batch)
-        summed, _ = token_loss_sum(logits, batch.labels)
+        with _autocast(ctx.device):  # the head runs under autocast too, as it would inside the forward
+            summed, _ = chunked_token_loss_sum(model, batch)  # logits only at label positions, in chunks
         (summed / max(num_label_tokens, 1.0)).backward()
         loss_sum += float(summed.detach())
     all_reduce_grads(model, ctx)

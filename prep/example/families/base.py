@@ -2,8 +2,10 @@
 
 An example family writes a weightless processor directory that the real HF processor class
 loads offline: a small BPE carrying the family's real special tokens, its chat template and
-the image settings of a published checkpoint (named in ``description``). Families that
-``train`` can run also write a tiny random-init model config.
+the image settings of a published checkpoint (named in ``description``), and a tiny random-init
+model config of the family's real model class that accepts that processor's output
+(:class:`prep.example.model.TinyModel`; ``tests/example/test_models_all_families.py`` walks the
+registry and fails for a family without one).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class ExampleFamily:
     name: str
     build_processor: Callable[[Path], Path]  # writes the processor directory, returns it
     description: str  # which checkpoint's settings the processor carries
-    # writes a tiny model config for `train` from (model_dir, processor_dir); None: no train model
+    # writes a tiny model config for `train` from (model_dir, processor_dir): a prep.example.model.TinyModel
     build_model: Callable[[Path, Path], Path] | None = None
 
 

@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 from tokenizers.trainers import BpeTrainer
 from transformers import GemmaTokenizer
 
 from prep.example.families.base import ExampleFamily, register_example_family, write_json
+from prep.example.model import HEAD_DIM, ProcessorFacts, TinyModel, text_config, vision_config
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 CHECKPOINT = "google/gemma-3-4b-it"
 BOI, EOI, IMAGE_SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
@@ -160,11 +164,54 @@ def build_gemma3_processor_dir(out: Path) -> Path:
     return out
 
 
+# One local (sliding-window) and one global layer, as the checkpoints interleave them 5:1; a window
+# of 16 tokens so that it matters inside short test samples (the checkpoints: 1024).
+SLIDING_WINDOW = 16
+GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+}
+
+
+def gemma3_model_config(facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny ``Gemma3Config``: SigLIP at the processor's 896 px, patch 14, pooled to ``image_seq_length`` tokens.
+
+    The projector average-pools the 64x64 patch grid to sqrt(mm_tokens_per_image) per side, so
+    ``mm_tokens_per_image`` is the processor's ``image_seq_length`` (256: 4x4 pooling).
+    """
+    from transformers import Gemma3Config
+
+    size = facts.image["size"]
+    if size["height"] != size["width"]:
+        raise ValueError(f"{facts.path}: Gemma 3 images are square, got size {size}")
+    text = text_config(
+        facts,
+        head_dim=HEAD_DIM,
+        query_pre_attn_scalar=HEAD_DIM,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=SLIDING_WINDOW,
+        rope_parameters=GEMMA3_ROPE,
+    )
+    vision = vision_config(
+        model_type="siglip_vision_model", image_size=int(size["height"]), patch_size=14, vision_use_head=False
+    )
+    return Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=int(facts.processor["image_seq_length"]),
+        boi_token_index=facts.token_id(BOI),
+        eoi_token_index=facts.token_id(EOI),
+        image_token_index=facts.token_id(IMAGE_SOFT),
+        dtype="float32",
+    )
+
+
 register_example_family(
     ExampleFamily(
         name="gemma3",
         build_processor=build_gemma3_processor_dir,
         description=f"Gemma tokenizer format (small BPE, real special tokens), chat template and image settings of "
         f"{CHECKPOINT}",
+        build_model=TinyModel(gemma3_model_config),
     )
 )

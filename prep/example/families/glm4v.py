@@ -24,11 +24,25 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Tokenizer
 
 from prep.example.families.base import ExampleFamily, register_example_family, write_json
+from prep.example.families.qwen import patch_geometry, token_ids
+from prep.example.model import (
+    TEXT_HIDDEN,
+    VISION_DEPTH,
+    VISION_HEADS,
+    VISION_HIDDEN,
+    ProcessorFacts,
+    TinyModel,
+    text_config,
+)
 from prep.example.tokenizer import train_byte_level_bpe
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 GLM_BASE_TOKENS = (
     "<|endoftext|>",
@@ -304,6 +318,41 @@ def build_glm4v_dir(out: Path, checkpoint: str = "glm4_1v") -> Path:
     return out
 
 
+GLM_VISION_TOKENS = {
+    "image_token_id": "<|image|>",
+    "video_token_id": "<|video|>",
+    "image_start_token_id": "<|begin_of_image|>",
+    "image_end_token_id": "<|end_of_image|>",
+    "video_start_token_id": "<|begin_of_video|>",
+    "video_end_token_id": "<|end_of_video|>",
+}
+# GLM-4.1V rotates half of each head (partial_rotary_factor 0.5) and splits the rotary
+# half-dimension 32 as [8, 12, 12] over t/h/w; head_dim 16 here: 4 split as [2, 1, 1].
+GLM_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}
+
+
+def glm_model_config(family: str, facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny ``Glm4vConfig`` / ``Glm46VConfig`` for ``facts``' processor (ids, patch 14, merge 2, temporal 2).
+
+    The vision tower keeps the checkpoints' ``image_size`` 336: its learned 24x24 position grid
+    is interpolated to each image's patch grid, whatever the processor's resize gives.
+    """
+    from transformers import Glm4vConfig, Glm46VConfig
+
+    vision = {"depth": VISION_DEPTH, "hidden_size": VISION_HIDDEN, "num_heads": VISION_HEADS, "image_size": 336}
+    vision |= {"intermediate_size": 2 * VISION_HIDDEN, "out_hidden_size": TEXT_HIDDEN, **patch_geometry(facts)}
+    text = text_config(facts, rope_parameters=GLM_ROPE)
+    text.pop("bos_token_id")  # Glm4vTextConfig has no BOS (the template writes [gMASK]<sop>)
+    config_class = Glm4vConfig if family == "glm4v" else Glm46VConfig
+    return config_class(
+        text_config=text,
+        vision_config=vision,
+        **token_ids(facts, GLM_VISION_TOKENS),
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
 # example family name -> (checkpoint, where its settings come from)
 _EXAMPLES = {
     "glm4v": ("glm4_1v", "zai-org/GLM-4.1V-9B-Thinking (GLM-4.5V: same image settings and processor class)"),
@@ -315,5 +364,6 @@ for _name, (_checkpoint, _source) in _EXAMPLES.items():
             name=_name,
             build_processor=partial(build_glm4v_dir, checkpoint=_checkpoint),
             description=f"GLM special tokens (small BPE), chat template and image settings of {_source}",
+            build_model=TinyModel(partial(glm_model_config, _name)),
         )
     )

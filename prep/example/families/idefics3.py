@@ -24,14 +24,19 @@ content must be a list of parts: a plain-string content renders empty in this te
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Tokenizer, processors
 
 from prep.example.families.base import ExampleFamily, register_example_family, write_json
+from prep.example.model import ProcessorFacts, TinyModel, text_config, vision_config
 from prep.example.tokenizer import _corpus_lines, train_byte_level_bpe
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 ROW_COL_TOKENS = tuple(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))
 IMAGE_TOKENS = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", *ROW_COL_TOKENS)
@@ -148,6 +153,36 @@ def build_idefics3_dir(out: Path, checkpoint: str = "idefics3") -> Path:
     return out
 
 
+# checkpoint -> the vision tower's patch size (SigLIP-SO400M 14, SigLIP-B/16 16)
+VISION_PATCH = {"idefics3": 14, "smolvlm": 16, "smolvlm2": 14}
+
+
+def idefics3_model_config(checkpoint: str, facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny ``Idefics3Config`` / ``SmolVLMConfig``: SigLIP at the processor's tile (``max_image_size``),
+    the checkpoint's patch, and the pixel-shuffle ``scale_factor`` that gives ``image_seq_len`` per tile.
+
+    ``image_seq_len == (tile // patch)^2 / scale_factor^2`` (169 = 26^2 / 2^2, 81 = 27^2 / 3^2).
+    """
+    from transformers import Idefics3Config, SmolVLMConfig
+
+    tile = int(facts.image["max_image_size"]["longest_edge"])
+    patch = VISION_PATCH[checkpoint]
+    seq_len = int(facts.processor["image_seq_len"])
+    scale = math.isqrt((tile // patch) ** 2 // seq_len)
+    if (tile // patch) ** 2 != seq_len * scale**2:
+        raise ValueError(f"{facts.path}: image_seq_len {seq_len} is no (tile {tile} // patch {patch})^2 / scale^2")
+    model_type = "idefics3_vision" if facts.processor["processor_class"] == "Idefics3Processor" else "smolvlm_vision"
+    config_class = Idefics3Config if model_type == "idefics3_vision" else SmolVLMConfig
+    return config_class(
+        text_config=text_config(facts, model_type="llama", rope_theta=100_000.0),
+        vision_config=vision_config(model_type=model_type, image_size=tile, patch_size=patch),
+        image_token_id=facts.token_id("<image>"),
+        scale_factor=scale,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
 for _name, _checkpoint in (("idefics3", "idefics3"), ("smolvlm", "smolvlm2")):
     register_example_family(
         ExampleFamily(
@@ -157,5 +192,6 @@ for _name, _checkpoint in (("idefics3", "idefics3"), ("smolvlm", "smolvlm2")):
                 f"{CHECKPOINTS[_checkpoint][0]}: tokenizer format, chat template and image settings of "
                 f"{CHECKPOINTS[_checkpoint][4]}"
             ),
+            build_model=TinyModel(partial(idefics3_model_config, _checkpoint)),
         )
     )

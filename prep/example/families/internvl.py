@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken
 
 from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.model import ProcessorFacts, TinyModel, text_config, vision_config
 from prep.example.tokenizer import build_tokenizer, tokenizer_config
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>")
 NAMED_TOKENS = {
@@ -82,11 +87,48 @@ def build_internvl_dir(out: Path) -> Path:
     return out
 
 
+PATCH_SIZE = 14  # InternViT (InternVL3-1B-hf vision_config.patch_size)
+DOWNSAMPLE_RATIO = 0.5  # pixel shuffle: 2 x 2 patches per image token
+
+
+def internvl_model_config(facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny ``InternVLConfig``: InternViT at the processor's 448 px tile, patch 14, pixel shuffle 0.5, Qwen2 decoder.
+
+    Each tile gives (448 / 14 * 0.5)^2 = 256 features, the processor's ``image_seq_length``;
+    ``<IMG_CONTEXT>`` is the image token.
+    """
+    from transformers import InternVLConfig
+
+    side = int(facts.image["size"]["height"])
+    seq_len = int(facts.processor["image_seq_length"])
+    if int(side // PATCH_SIZE * DOWNSAMPLE_RATIO) ** 2 != seq_len:
+        raise ValueError(f"{facts.path}: image_seq_length {seq_len} is not ({side} / {PATCH_SIZE} * 0.5)^2")
+    vision = vision_config(
+        model_type="internvl_vision",
+        image_size=[side, side],
+        patch_size=[PATCH_SIZE, PATCH_SIZE],
+        hidden_dropout_prob=0.0,
+        projection_dropout=0.0,
+    )
+    return InternVLConfig(
+        text_config=text_config(facts, model_type="qwen2", rope_theta=1_000_000.0),
+        vision_config=vision,
+        image_token_id=facts.token_id(NAMED_TOKENS["context_image_token"]),
+        image_seq_length=seq_len,
+        downsample_ratio=DOWNSAMPLE_RATIO,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
 register_example_family(
     ExampleFamily(
         name="internvl",
         build_processor=build_internvl_dir,
         description="InternVL added tokens, conversion-script chat template and image settings of "
         "OpenGVLab/InternVL3-1B-hf",
+        build_model=TinyModel(internvl_model_config),
     )
 )

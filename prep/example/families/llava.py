@@ -27,12 +27,17 @@ transformers' conversion script and the checkpoint's image / processor settings:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from tokenizers.trainers import BpeTrainer
 
 from prep.example.families.base import ExampleFamily, register_example_family, write_json
+from prep.example.model import HEAD_DIM, ProcessorFacts, TinyModel, text_config, vision_config
 from prep.example.tokenizer import build_tokenizer, tokenizer_config
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # transformers/models/llava_onevision/convert_llava_onevision_weights_to_hf.py `chat_template`, verbatim.
 ONEVISION_CHAT_TEMPLATE = (
@@ -217,11 +222,64 @@ def build_next_dir(out: Path) -> Path:
     return out
 
 
+def _tower(facts: ProcessorFacts, model_type: str, side: int, **extra: Any) -> dict[str, Any]:
+    """A CLIP / SigLIP tower at the processor's tile side (patch 14, as both checkpoints)."""
+    return vision_config(model_type=model_type, image_size=side, patch_size=14, **extra)
+
+
+def onevision_model_config(facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny ``LlavaOnevisionConfig``: SigLIP at the 384 px tile (27 x 27 = ``num_image_tokens`` features per
+    tile, all kept: "full", last layer), the processor's pinpoints and ``vision_aspect_ratio``, a Qwen2 decoder."""
+    from transformers import LlavaOnevisionConfig
+
+    side = int(facts.image["size"]["height"])
+    if (side // 14) ** 2 != int(facts.processor["num_image_tokens"]):
+        raise ValueError(f"{facts.path}: num_image_tokens is not (tile / patch 14)^2")
+    return LlavaOnevisionConfig(
+        text_config=text_config(facts, model_type="qwen2", rope_theta=1_000_000.0),
+        vision_config=_tower(facts, "siglip_vision_model", side, vision_use_head=False),
+        image_token_index=facts.token_id(str(facts.processor["image_token"])),
+        video_token_index=facts.token_id(str(facts.processor["video_token"])),
+        vision_feature_select_strategy=facts.processor["vision_feature_select_strategy"],
+        vision_feature_layer=-1,
+        vision_aspect_ratio=str(facts.processor["vision_aspect_ratio"]),
+        image_grid_pinpoints=facts.image["image_grid_pinpoints"],
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
+def next_model_config(facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny ``LlavaNextConfig``: CLIP at the 336 px crop (24 x 24 patches + CLS, CLS dropped: "default", the
+    second-to-last layer), the processor's pinpoints, a Mistral decoder."""
+    from transformers import LlavaNextConfig
+
+    side = int(facts.image["crop_size"]["height"])
+    patch = int(facts.processor["patch_size"])
+    if patch != 14 or int(facts.processor["num_additional_image_tokens"]) != 1:
+        raise ValueError(f"{facts.path}: expected CLIP patch 14 with one CLS token")
+    return LlavaNextConfig(
+        text_config=text_config(facts, model_type="mistral", head_dim=HEAD_DIM, sliding_window=None),
+        vision_config=_tower(
+            facts, "clip_vision_model", side, hidden_act="quick_gelu", projection_dim=VISION_PROJECTION
+        ),
+        image_token_index=facts.token_id(str(facts.processor["image_token"])),
+        vision_feature_select_strategy=facts.processor["vision_feature_select_strategy"],
+        vision_feature_layer=-2,
+        image_grid_pinpoints=facts.image["image_grid_pinpoints"],
+        image_seq_length=(side // patch) ** 2,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
+VISION_PROJECTION = 32  # CLIPVisionConfig.projection_dim (unused by LLaVA, kept small)
 register_example_family(
     ExampleFamily(
         name="llava_onevision",
         build_processor=build_onevision_dir,
         description="tokenizer format, chat template and image settings of llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
+        build_model=TinyModel(onevision_model_config),
     )
 )
 register_example_family(
@@ -229,5 +287,6 @@ register_example_family(
         name="llava_next",
         build_processor=build_next_dir,
         description="tokenizer format, chat template and image settings of llava-hf/llava-v1.6-mistral-7b-hf",
+        build_model=TinyModel(next_model_config),
     )
 )

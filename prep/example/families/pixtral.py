@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import processors
 
 from prep.example.families.base import ExampleFamily, register_example_family, write_json
+from prep.example.model import HEAD_DIM, ProcessorFacts, TinyModel, text_config, vision_config
 from prep.example.tokenizer import train_byte_level_bpe
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # The first 20 ids of the Mistral (tekken) vocabularies, in order.
 SPECIALS = (
@@ -174,6 +178,61 @@ def build_processor_dir(out: Path, checkpoint: str) -> Path:
     return out
 
 
+def pixtral_model_config(facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny Pixtral (mistral-community/pixtral-12b): ``LlavaConfig`` with a Pixtral vision tower and a Mistral decoder.
+
+    The tower's ``patch_size`` is the processor's; its ``image_size`` (the largest side its 2D
+    rotary covers) is the processor's ``longest_edge``. ``[IMG]`` is the image token; one
+    feature per patch (no merge), every patch kept (``vision_feature_select_strategy`` "full").
+    """
+    from transformers import LlavaConfig
+
+    if int(facts.processor.get("spatial_merge_size", 1)) != 1:
+        raise ValueError(f"{facts.path}: a Pixtral processor merges no patches; this one is Mistral 3's")
+    return LlavaConfig(
+        text_config=_mistral_text(facts),
+        vision_config=_pixtral_vision(facts),
+        image_token_index=facts.token_id(str(facts.processor["image_token"])),
+        projector_hidden_act="gelu",
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        multimodal_projector_bias=True,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
+def mistral3_model_config(facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny Mistral 3 (Mistral-Small-3.1 / Ministral 3): ``Mistral3Config``, Pixtral tower, 2x2 patch merger.
+
+    ``spatial_merge_size`` is the processor's: each image token stands for merge x merge patches.
+    """
+    from transformers import Mistral3Config
+
+    return Mistral3Config(
+        text_config=_mistral_text(facts),
+        vision_config=_pixtral_vision(facts),
+        image_token_index=facts.token_id(str(facts.processor["image_token"])),
+        spatial_merge_size=int(facts.processor["spatial_merge_size"]),
+        vision_feature_layer=-1,
+        multimodal_projector_bias=False,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
+def _mistral_text(facts: ProcessorFacts) -> dict[str, Any]:
+    return text_config(facts, model_type="mistral", head_dim=HEAD_DIM, sliding_window=None, rope_theta=1_000_000_000.0)
+
+
+def _pixtral_vision(facts: ProcessorFacts) -> dict[str, Any]:
+    patch = int(facts.processor["patch_size"])
+    if int(facts.image["patch_size"]["height"]) != patch:
+        raise ValueError(f"{facts.path}: image processor and processor disagree on the patch size")
+    return vision_config(model_type="pixtral", patch_size=patch, image_size=int(facts.image["size"]["longest_edge"]))
+
+
+_MODELS = {"pixtral": pixtral_model_config, "mistral3": mistral3_model_config}
 for _name, _checkpoint, _source in (
     ("pixtral", "pixtral_12b", "mistral-community/pixtral-12b"),
     ("mistral3", "mistral_small_3_1", "mistralai/Mistral-Small-3.1-24B-Instruct-2503 (Ministral 3 alike)"),
@@ -183,5 +242,6 @@ for _name, _checkpoint, _source in (
             name=_name,
             build_processor=partial(build_processor_dir, checkpoint=_checkpoint),
             description=f"Mistral special ids, chat template and image settings of {_source}",
+            build_model=TinyModel(_MODELS[_name]),
         )
     )

@@ -19,9 +19,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prep.example.families.base import ExampleFamily, register_example_family
+from prep.example.families.qwen import QWEN_VISION_TOKENS, qwen3_vision, token_ids
+from prep.example.model import HEAD_DIM, ProcessorFacts, TinyModel, text_config
 from prep.example.processors import build_processor_dir as build_qwen_dir
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 CHECKPOINT = "Qwen/Qwen3.5-27B"
 
@@ -40,10 +46,47 @@ def build_processor_dir(out_dir: Path) -> Path:
     return out_dir
 
 
+# Qwen3.5 rotates a quarter of each 256-wide head, interleaving [11, 11, 10] over t/h/w; with
+# head_dim 16 a quarter (rotary half-dimension 2) cannot hold three sections: half the head
+# rotates here (half-dimension 4, interleaved [2, 1, 1]).
+QWEN3_5_ROPE = {
+    "rope_type": "default",
+    "rope_theta": 10_000_000.0,
+    "partial_rotary_factor": 0.5,
+    "mrope_section": [2, 1, 1],
+    "mrope_interleaved": True,
+}
+# One gated-delta-net layer and one gated full-attention layer (the checkpoints: 3 to 1), tiny
+# linear-attention heads (2 key heads, 4 value heads of width 8; the 4-tap causal conv kept).
+LINEAR_ATTENTION = {
+    "layer_types": ["linear_attention", "full_attention"],
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+
+
+def qwen3_5_model_config(facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny hybrid ``Qwen3_5Config`` for ``facts``' processor: Qwen3-VL ids and vision geometry (patch 16, merge 2)."""
+    from transformers import Qwen3_5Config
+
+    text = text_config(facts, head_dim=HEAD_DIM, rope_parameters=QWEN3_5_ROPE, **LINEAR_ATTENTION)
+    return Qwen3_5Config(
+        text_config=text,
+        vision_config=qwen3_vision(facts),
+        **token_ids(facts, QWEN_VISION_TOKENS),
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
 register_example_family(
     ExampleFamily(
         name="qwen3_5",
         build_processor=build_processor_dir,
         description=f"{CHECKPOINT}: Qwen3VLProcessor + Qwen3_5Tokenizer, Qwen3-VL image settings (patch 16, merge 2)",
+        build_model=TinyModel(qwen3_5_model_config),
     )
 )

@@ -26,13 +26,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Tokenizer
 
 from prep.example.families.base import ExampleFamily, register_example_family, write_json
+from prep.example.families.qwen import QWEN2_MROPE, QWEN3_MROPE, qwen2_5_vision, qwen3_vision
+from prep.example.model import HEAD_DIM, TEXT_HIDDEN, ProcessorFacts, TinyModel, text_config
 from prep.example.templates import CHAT_TEMPLATES
 from prep.example.tokenizer import QWEN3_EXTRA_TOKENS, SPECIAL_TOKENS, _trained_bpe_json
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 QWEN2_5_OMNI_SPECIALS = tuple(
     f"<|{name}|>"
@@ -202,11 +207,71 @@ def build_processor_dir(out_dir: Path, family: str) -> Path:
     return out_dir
 
 
+def _audio(facts: ProcessorFacts, **extra: Any) -> dict[str, Any]:
+    """A 1-layer audio encoder of width 32 (never run: audio rows are unsupported_media), mel bins of the processor."""
+    audio = {"num_mel_bins": int(facts.image["feature_size"]), "encoder_layers": 1, "encoder_attention_heads": 2}
+    return audio | {"encoder_ffn_dim": 64, "d_model": 32, "output_dim": TEXT_HIDDEN, **extra}
+
+
+def _named_ids(facts: ProcessorFacts) -> dict[str, Any]:
+    """The thinker's token ids, from the tokenizer's named tokens (tokenizer_config.json)."""
+    tok = facts.tokenizer
+    names = ("image", "video", "audio", "vision_bos", "vision_eos", "audio_bos", "audio_eos")
+    image, video, audio, vision_bos, vision_eos, audio_bos, audio_eos = (
+        facts.token_id(str(getattr(tok, f"{name}_token"))) for name in names
+    )
+    return {
+        "image_token_id": image,
+        "video_token_id": video,
+        "audio_token_id": audio,
+        "vision_start_token_id": vision_bos,
+        "vision_end_token_id": vision_eos,
+        "audio_start_token_id": audio_bos,
+        "audio_end_token_id": audio_eos,
+        "user_token_id": facts.token_id("user"),  # `<|im_start|>user\n`: the talker finds user turns by it
+    }
+
+
+def omni_thinker_config(family: str, facts: ProcessorFacts) -> PretrainedConfig:
+    """The tiny thinker (the trainable text model) of Qwen2.5-Omni / Qwen3-Omni for ``facts``' processor.
+
+    ``train`` builds ``AutoModelForImageTextToText`` from it: ``Qwen2_5OmniThinkerForConditionalGeneration``
+    / ``Qwen3OmniMoeThinkerForConditionalGeneration``. Vision: the Qwen2.5-VL windowed tower (2.5) or the
+    Qwen3-VL tower with deepstack (3), the processor's patch geometry. Qwen3-Omni's decoder is a
+    mixture of 4 experts, 2 per token.
+    """
+    from transformers import Qwen2_5OmniThinkerConfig, Qwen3OmniMoeThinkerConfig
+
+    ids = _named_ids(facts)
+    if family == "qwen2_5_omni":
+        return Qwen2_5OmniThinkerConfig(
+            text_config=text_config(facts, rope_parameters=QWEN2_MROPE),
+            vision_config=qwen2_5_vision(facts),
+            audio_config=_audio(facts, max_source_positions=1500, n_window=100),
+            image_token_index=ids.pop("image_token_id"),
+            video_token_index=ids.pop("video_token_id"),
+            audio_token_index=ids.pop("audio_token_id"),
+            **ids,
+            dtype="float32",
+        )
+    rope = QWEN3_MROPE | {"rope_theta": 1_000_000.0}
+    text = text_config(facts, rope_parameters=rope, head_dim=HEAD_DIM, sliding_window=None)
+    text |= {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": TEXT_HIDDEN // 2}
+    return Qwen3OmniMoeThinkerConfig(
+        text_config=text,
+        vision_config=qwen3_vision(facts) | {"deepstack_visual_indexes": [0]},
+        audio_config=_audio(facts, downsample_hidden_size=16),
+        **ids,
+        dtype="float32",
+    )
+
+
 for _family, _spec in CHECKPOINTS.items():
     register_example_family(
         ExampleFamily(
             name=_family,
             build_processor=partial(build_processor_dir, family=_family),
             description=f"special tokens, chat template and image settings of {_spec.checkpoint} (images only)",
+            build_model=TinyModel(partial(omni_thinker_config, _family)),
         )
     )

@@ -138,9 +138,12 @@ class InternVLCounter:
         if width <= 0 or height <= 0:
             raise MediaRejected(f"image of size {width}x{height}")
         cols, rows = self.grid(width, height)
-        n = self.image_seq_length * (1 if cols * rows == 1 else cols * rows + 1)
+        tiles = 1 if cols * rows == 1 else cols * rows + 1
+        n = self.image_seq_length * tiles
         expansion = (self.start_image_id, *([self.image_token_id] * n), self.end_image_id)
-        return MediaCount(kind="image", grid_t=1, grid_h=rows, grid_w=cols, num_tokens=n, expansion=expansion)
+        return MediaCount(
+            kind="image", grid_t=1, grid_h=rows, grid_w=cols, num_tokens=n, expansion=expansion, num_tiles=tiles
+        )
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
         raise MediaRejected("InternVL video has no closed-form count; it needs the real processor (torchvision)")

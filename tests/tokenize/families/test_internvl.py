@@ -106,6 +106,7 @@ def test_tile_count_matches_pil_image_processor_on_500_sizes(bundle):
         image = Image.new("RGB", (width, height), (90, 20, 160))
         num_patches = ip(images=[image], **kwargs)["num_patches"][0]
         assert counter.num_tiles(width, height) == num_patches, (width, height)
+        assert counter.count_image(width, height).num_tiles == num_patches, (width, height)  # what tokenize stores
 
 
 def test_other_image_processor_is_refused_not_guessed(bundle):

@@ -122,6 +122,52 @@ def test_stage_stores_the_processor_ids_and_error_rows(pixtral_dirs, pixtral_bun
         assert row["input_ids"] == cases.conversation_ids(pixtral_bundles["mistral_small_3_1"], conv)
 
 
+def _system_records(media: cases.MediaFiles) -> list[dict]:
+    """A system prompt as the first turn or as ShareGPT's ``system``; one reply, three replies, a last user turn."""
+    f = media.file
+    system_turn = {"role": "system", "content": "You are a careful visual inspector."}
+    last_user = [
+        system_turn,
+        *cases.exchange("<image>Any defects?", "None.")["messages"],
+        {"role": "user", "content": "Sure?"},
+    ]
+    return [
+        {"messages": [system_turn, *cases.exchange("<image>Any defects?", "None.")["messages"]], "images": [f("odd")]},
+        cases.images_in_three_turns([f("rgba"), f("gray"), f("tall")], system_turn="Answer briefly."),
+        cases.images_in_three_turns([f("rgba"), f("gray"), f("tall")], system_field="You are a pirate."),
+        {"messages": last_user, "images": [f("odd")]},
+    ]
+
+
+@pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
+def test_a_system_turn_keeps_the_processor_ids_and_masks_only_the_replies(pixtral_bundles, media, tmp_path, checkpoint):
+    """Regression: pixtral-12b's template writes the system prompt into the *last* user turn only, so
+    rendering turn by turn never reproduced the conversation and every such row was a template_error."""
+    bundle = pixtral_bundles[checkpoint]
+    tokenizer = SampleTokenizer(bundle)
+    _, spec = cases.sharegpt_dataset(tmp_path, media.root, _system_records(media))
+    texts = []
+    for record in _system_records(media):
+        sample = cases.assert_ids_equal_processor(tokenizer, to_conversation(record, spec), record["images"])
+        cases.assert_loss_mask(bundle, sample, "".join(r + "</s>" for r in cases.replies(record)), MEDIA_IDS)
+        texts.append(bundle.tokenizer.decode(sample.input_ids))
+    ends_with_reply, *_, ends_with_user = texts
+    if checkpoint == "pixtral_12b":  # as the real processor renders it: see README "Model families"
+        assert "careful visual inspector" not in ends_with_reply
+        assert "[INST]You are a careful visual inspector.\n\nSure?[/INST]" in ends_with_user
+    else:  # Mistral Small 3.1: [SYSTEM_PROMPT] first, whatever ends the conversation
+        assert "[SYSTEM_PROMPT]You are a careful visual inspector.[/SYSTEM_PROMPT]" in ends_with_reply
+
+
+def test_stage_keeps_system_turn_rows(pixtral_dirs, pixtral_bundles, media, tmp_path):
+    """``prep tokenize --verify-fraction 1`` on pixtral-12b: system-turn rows are stored and verified, none lost."""
+    records = _system_records(media)
+    run = cases.run_stage(tmp_path, pixtral_dirs["pixtral_12b"], media.root, records)
+    assert run.errors == [] and len(run.rows) == len(records) and run.manifest.verify.checked == len(records)
+    for row, conv in run.conversations(records):
+        assert row["input_ids"] == cases.conversation_ids(pixtral_bundles["pixtral_12b"], conv)
+
+
 def _property_sizes(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Log-uniform sides 1..5000 plus sides near the longest edge and multiples of the patch."""
     sizes = []

@@ -1,0 +1,98 @@
+"""Gemma 3 (``Gemma3Processor``): square 896 px images, 256 soft tokens each, image blocks attended both ways.
+
+The image processor (``Gemma3ImageProcessorPil``) resizes every image, and with pan-and-scan
+each of its crops, to the checkpoint's square size: ``pixel_values`` [1 + crops, 3, S, S],
+the whole image first, then the crops in the order the text names them
+(``Gemma3Processor.replace_image_token``). It is called with the processor's merged
+``images_kwargs`` (``Gemma3Processor.images_kwargs`` turns pan-and-scan off unless a call
+turns it on), as the processor calls it. The model takes ``pixel_values`` [N, 3, S, S] for
+the N tiles of a row, in token order, and scatters ``image_seq_length`` (256) embeddings into
+each run of ``<image_soft_token>`` ids: tiles of every sample and pack join ``cat``.
+
+What the plan is checked against, in `prep.tokenize.families.gemma3`'s convention:
+``num_tiles`` = 1 + crops, ``num_tokens`` = ``image_seq_length`` x tiles, grid ``(1, 1, 1)``
+without crops, else ``(1, 1, k)`` for a landscape image cut into k columns and ``(1, k, 1)``
+for a portrait one (the crops run along the long side). Example (example ``gemma3``, pan-and-
+scan off): a 112 x 84 image -> ``pixel_values`` [1, 3, 896, 896], 1 tile, 256 tokens, grid (1, 1, 1).
+
+The model's image token is the soft token (``config.image_token_id``), not the processor's
+``image_token`` (``<start_of_image>``, the template's per-image placeholder): ``mm_token_ids``
+maps images to the soft token. Positions are 1-D and restart per sample. Attention: every run
+of soft tokens (one per tile) is a block attended bidirectionally (``image_attention``), which
+`train.image_blocks` locates in the row and `train.block_attention` applies. Images only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import transformers
+from PIL import Image
+
+from prep.tokenize.families.gemma3 import DEFAULT_IMAGE_SEQ_LENGTH
+from train.families.base import DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
+
+IMAGE = 1  # transformers' mm_token_type_ids value
+
+
+@register_layout("Gemma3Processor")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Gemma3Layout:
+    """Tiles of every image of a row stacked in token order; see the module docstring."""
+
+    joins: ClassVar[Mapping[str, Join]] = {"pixel_values": "cat"}
+    rope: ClassVar[Rope] = "text"
+    supports_video: ClassVar[bool] = False
+    #: the model attends both ways inside each image block (the counter records the same)
+    image_attention: ClassVar[str] = "bidirectional"
+
+    image_processor: Any
+    #: what the processor passes its image processor (``_merge_kwargs``: its class's ``images_kwargs``)
+    images_kwargs: dict[str, Any]
+    image_token_id: int  # <image_soft_token>: the model's config.image_token_id
+    image_seq_length: int  # soft tokens per tile
+
+    @classmethod
+    def from_bundle(cls, bundle: Any) -> Gemma3Layout:
+        """From a `prep.tokenize.processor.ProcessorBundle`."""
+        processor = bundle.processor
+        if processor is not None:
+            merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
+        else:
+            merged = getattr(getattr(transformers, bundle.processor_class, None), "images_kwargs", None) or {}
+        seq = getattr(processor, "image_seq_length", None) or bundle.processor_config.get("image_seq_length")
+        return cls(
+            image_processor=bundle.image_processor,
+            images_kwargs={**merged, "return_tensors": "pt"},
+            image_token_id=bundle.token_id("<image_soft_token>", "image_token"),
+            image_seq_length=int(seq or DEFAULT_IMAGE_SEQ_LENGTH),
+        )
+
+    @property
+    def mm_token_ids(self) -> Mapping[int, int]:
+        return {IMAGE: self.image_token_id}
+
+    def _item(self, image: Image.Image) -> ItemInputs:
+        got = self.image_processor([image], **self.images_kwargs)
+        pixels = got["pixel_values"]
+        crops = int(got["num_crops"][0])
+        tiles = int(pixels.shape[0])
+        if tiles != 1 + crops:
+            raise ValueError(f"the image processor made {tiles} tiles for 1 image + {crops} crops")
+        width, height = image.size
+        grid = (1, 1, 1) if not crops else ((1, 1, crops) if width >= height else (1, crops, 1))
+        return ItemInputs(
+            tensors={"pixel_values": pixels},
+            grid_thw=grid,
+            num_tiles=tiles,
+            num_tokens=self.image_seq_length * tiles,
+            # the processor knows no patch size: the tower's output tokens stand for its compute
+            num_patches=self.image_seq_length * tiles,
+        )
+
+    def sample_inputs(self, images: Sequence[Image.Image], videos: Sequence[DecodedVideo]) -> SampleInputs:
+        if videos:
+            raise TypeError("Gemma 3 takes no video (train.media checks supports_video first)")
+        return SampleInputs(items=tuple(self._item(image) for image in images))

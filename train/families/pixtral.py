@@ -1,0 +1,95 @@
+"""Pixtral (LLaVA with a Pixtral tower) and Mistral 3 / Ministral 3: whole images, sizes beside them.
+
+``PixtralProcessor`` (transformers serves ``mistral3`` with it too) resizes each image to
+``rows * P`` x ``cols * P`` pixels, P = ``patch_size * spatial_merge_size`` (its
+``_process_images`` hands that product to the image processor as the patch), and returns
+``pixel_values`` [N, 3, H_max, W_max] zero-padded to the largest image of the call, with
+``image_sizes`` [N, 2] the real (height, width) of each. The Pixtral vision tower crops every
+image back to its ``image_sizes`` before the first layer (``patch_embeds[..., :h/p, :w/p]``)
+and attends per image (block-diagonal mask), and Mistral 3's patch merger splits by the same
+sizes, so padding never reaches the model and images of different samples and packs can
+share one padded tensor. Per item: ``pixel_values`` [1, 3, h, w], ``image_sizes`` [1, 2];
+joined ``pad_cat`` / ``cat`` in token order.
+
+What the plan is checked against, in the Pixtral counter's convention
+(`prep.tokenize.families.pixtral`): grid ``(1, rows * merge, cols * merge)`` (vision
+patches before the merge), ``rows * cols`` ``[IMG]`` tokens (the ``[IMG_BREAK]`` / ``[IMG_END]``
+ids of the expansion are text), one tile. Example (Mistral 3, patch 14, merge 2): a 112 x 84
+image stays 112 x 84 = 4 x 3 cells of 28 px -> ``image_sizes`` [84, 112], grid (1, 6, 8),
+12 tokens, 48 patches through the tower. Positions restart per sample (1-D rotary). Images
+only: these processors take no video.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+
+from prep.tokenize.families.pixtral import PIXTRAL_CLASS_DEFAULTS
+from train.families.base import DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
+
+IMAGE = 1  # transformers' mm_token_type_ids value for image tokens
+
+
+def _setting(bundle: Any, key: str) -> Any:
+    """The loaded processor's attribute, else processor_config.json, else ``PixtralProcessor``'s default."""
+    value = getattr(bundle.processor, key, None) if bundle.processor is not None else None
+    if value is None:
+        value = bundle.processor_config.get(key)
+    return PIXTRAL_CLASS_DEFAULTS[key] if value is None else value
+
+
+@register_layout("PixtralProcessor", "Mistral3Processor")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PixtralLayout:
+    """Whole images zero-padded to the largest, with their real sizes; see the module docstring."""
+
+    joins: ClassVar[Mapping[str, Join]] = {"pixel_values": "pad_cat", "image_sizes": "cat"}
+    rope: ClassVar[Rope] = "text"
+    supports_video: ClassVar[bool] = False
+
+    image_processor: Any
+    image_token_id: int
+    patch_size: int  # the vision tower's patch (14 or 16 px)
+    merge_size: int  # spatial_merge_size: 1 for Pixtral-12B, 2 for Mistral 3 / Ministral 3
+
+    @classmethod
+    def from_bundle(cls, bundle: Any) -> PixtralLayout:
+        """From a `prep.tokenize.processor.ProcessorBundle`."""
+        return cls(
+            image_processor=bundle.image_processor,
+            image_token_id=bundle.token_id(str(_setting(bundle, "image_token")), "image_token"),
+            patch_size=int(_setting(bundle, "patch_size")),
+            merge_size=int(_setting(bundle, "spatial_merge_size")),
+        )
+
+    @property
+    def mm_token_ids(self) -> Mapping[int, int]:
+        return {IMAGE: self.image_token_id}
+
+    @property
+    def cell(self) -> int:
+        """Pixels per side of one ``[IMG]`` token: what the processor passes as the patch size."""
+        return self.patch_size * self.merge_size
+
+    def _item(self, image: Image.Image) -> ItemInputs:
+        got = self.image_processor(images=[image], patch_size=self.cell, return_tensors="pt")
+        sizes = got["image_sizes"].to(torch.int64).reshape(1, 2)
+        height, width = (int(v) for v in sizes[0].tolist())
+        rows, cols = height // self.cell, width // self.cell
+        return ItemInputs(
+            tensors={"pixel_values": got["pixel_values"], "image_sizes": sizes},
+            grid_thw=(1, rows * self.merge_size, cols * self.merge_size),
+            num_tiles=1,
+            num_tokens=rows * cols,
+            num_patches=rows * cols * self.merge_size**2,
+        )
+
+    def sample_inputs(self, images: Sequence[Image.Image], videos: Sequence[DecodedVideo]) -> SampleInputs:
+        if videos:
+            raise TypeError("Pixtral / Mistral 3 take no video (train.media checks supports_video first)")
+        return SampleInputs(items=tuple(self._item(image) for image in images))
