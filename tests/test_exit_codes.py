@@ -115,7 +115,7 @@ def test_train_exit_code_per_kind(fault, code, line, tmp_path, monkeypatch) -> N
     def raise_fault(config: object) -> list:
         raise fault
 
-    monkeypatch.setattr("train.cli.run", raise_fault)
+    monkeypatch.setattr("train.recipes.hf.run", raise_fault)
     args = ["--data", str(tmp_path), "--model", str(tmp_path), "--processor", str(tmp_path)]
     result = CliRunner().invoke(train_main, ["hf", *args, "--output", str(tmp_path / "run"), "--max-steps", "1"])
     assert result.exit_code == code, result.output

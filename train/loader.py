@@ -36,7 +36,8 @@ from __future__ import annotations
 import logging
 import pickle
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Literal, Protocol
 
 from megatron.energon import SavableDataLoader, WorkerConfig, get_savable_loader, get_train_dataset
 from megatron.energon.errors import reraise_exception
@@ -79,6 +80,57 @@ class LoaderConfig:
             seed_offset=self.seed,
             global_error_handler=reraise_exception,
         )
+
+
+class LoaderOptions(Protocol):
+    """The data flags both `train` recipes share (their configs carry these fields)."""
+
+    @property
+    def data(self) -> Path: ...
+    @property
+    def processor(self) -> Path: ...
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def packs_per_microbatch(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def sampling(self) -> Sampling: ...
+    @property
+    def shuffle_buffer_size(self) -> int: ...
+
+
+def rank_loader_config(
+    options: LoaderOptions,
+    *,
+    model: ModelConfigSource,
+    rank: int,
+    world_size: int,
+    context_parallel_size: int = 1,
+) -> LoaderConfig:
+    """The loader of one data-parallel rank of a `train` recipe: the one place a recipe's flags become a loader.
+
+    Args:
+        options: The recipe's config (`LoaderOptions` fields).
+        model: Model directory whose config.json gives the rope rule (weights never read).
+        rank: Data-parallel rank (context-parallel peers pass the same rank: they read the same packs).
+        world_size: Data-parallel size.
+        context_parallel_size: Slots must be multiples of 2x this (checked when the dataset opens).
+    """
+    return LoaderConfig(
+        data=str(options.data),
+        processor=str(options.processor),
+        model=model,
+        rank=rank,
+        world_size=world_size,
+        num_workers=options.num_workers,
+        packs_per_microbatch=options.packs_per_microbatch,
+        seed=options.seed,
+        sampling=options.sampling,
+        shuffle_buffer_size=options.shuffle_buffer_size,
+        context_parallel_size=context_parallel_size,
+    )
 
 
 def validate_loader_config(config: LoaderConfig) -> PackedDatasetInfo:

@@ -16,13 +16,25 @@ from functools import partial
 
 import pytest
 import torch
-from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packvlm.errors import ExitCode
+from tests.train.megatron_batches import (
+    A0,
+    A1,
+    A2,
+    B0,
+    B1,
+    DOC_SAMPLES,
+    GPU_VOCAB,
+    HAS_GPU_STACK,
+    HAS_MEGATRON,
+    PAD,
+    gpu_samples,
+    make_batch,
+    megatron_parallel_state,
+)
 from train.batch import IGNORE_INDEX, PackedBatch
-from train.cli import main as train_main
 from train.megatron import (
     ContextParallelPaddingError,
     MegatronNotInstalledError,
@@ -35,49 +47,12 @@ from train.megatron import (
     packed_seq_params,
     shift_labels,
 )
-from train.megatron.cli import megatron_command
-from train.megatron.model import is_installed, require_megatron_gpu
+from train.megatron.model import require_megatron_gpu
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed"),
     pytest.mark.filterwarnings("ignore:Apex is not installed"),
 ]
-
-HAS_MEGATRON = is_installed("megatron.core")
-HAS_TE = is_installed("transformer_engine")
-PAD = 0
-A0, A1, A2, B0, B1 = 11, 12, 13, 21, 22
-
-
-def make_batch(samples: list[tuple[list[int], list[int]]], pad_to_multiple_of: int = 1, *, multimodal=False):
-    """A PackedBatch built the slow, obvious way: (input_ids, HF labels) per sample, slots padded."""
-    ids, labels, pos, real, padded = [], [], [], [0], [0]
-    for tokens, sample_labels in samples:
-        slot = -(-len(tokens) // pad_to_multiple_of) * pad_to_multiple_of
-        ids += tokens + [PAD] * (slot - len(tokens))
-        labels += sample_labels + [IGNORE_INDEX] * (slot - len(tokens))
-        pos += list(range(slot))
-        real.append(real[-1] + len(tokens))
-        padded.append(padded[-1] + slot)
-    T = len(ids)
-    position_ids = torch.tensor([pos])
-    if multimodal:
-        position_ids = torch.stack([position_ids, position_ids + 100, position_ids + 200, position_ids + 300])
-    return PackedBatch(
-        input_ids=torch.tensor([ids]),
-        labels=torch.tensor([labels]),
-        position_ids=position_ids,
-        cu_seqlens=torch.tensor(real, dtype=torch.int32),
-        cu_seqlens_padded=torch.tensor(padded, dtype=torch.int32),
-        max_seqlen=max(b - a for a, b in zip(padded, padded[1:])),
-        mm_token_type_ids=torch.zeros(1, T, dtype=torch.long),
-        pack_keys=("pack-00000007",),
-        sample_ids=tuple(f"example:{i}:0" for i in range(len(samples))),
-    )
-
-
-# The train.batch docstring pack: samples of 3 and 2 tokens, first label of each masked.
-DOC_SAMPLES = [([A0, A1, A2], [IGNORE_INDEX, A1, A2]), ([B0, B1], [IGNORE_INDEX, B1])]
 
 
 def test_docstring_pack_is_the_documented_row():
@@ -302,7 +277,7 @@ def test_imports_and_errors_without_megatron(monkeypatch):
     assert fields.qkv_format == "thd"
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and HAS_TE and HAS_MEGATRON, reason="this machine has the GPU stack")
+@pytest.mark.skipif(HAS_GPU_STACK, reason="this machine has the GPU stack")
 def test_require_megatron_gpu_says_what_to_install():
     with pytest.raises(MegatronNotInstalledError) as err:
         require_megatron_gpu()
@@ -310,104 +285,24 @@ def test_require_megatron_gpu_says_what_to_install():
     assert "Transformer Engine" in message and "packvlm[megatron]" in message and "train hf" in message
 
 
-def test_cli_help_documents_flags_and_text_only():
-    result = CliRunner().invoke(megatron_command, ["--help"])
-    assert result.exit_code == 0, result.output
-    for flag in (
-        "--data",
-        "--processor",
-        "--output",
-        "--num-layers",
-        "--hidden-size",
-        "--num-attention-heads",
-        "--max-steps",
-        "--lr",
-        "--seed",
-        "--packs-per-microbatch",
-        "--grad-accum",
-        "--ignore-media",
-    ):
-        assert flag in result.output
-    assert "Text only" in result.output
-
-
-@pytest.mark.skipif(torch.cuda.is_available() and HAS_TE and HAS_MEGATRON, reason="this machine has the GPU stack")
-def test_cli_fails_fast_without_gpu_stack(tmp_path):
-    args = ["--data", str(tmp_path / "none"), "--processor", str(tmp_path), "--output", str(tmp_path / "out")]
-    result = CliRunner().invoke(train_main, ["megatron", *args, "--max-steps", "1"])
-    assert result.exit_code == ExitCode.RESOURCE, result.output  # the environment lacks it, not the command
-    assert "Transformer Engine" in result.output and "pip install" in result.output
-    assert not (tmp_path / "out").exists()  # nothing written before the check
-
-
-def test_text_only_refuses_media_unless_ignored():
-    from train.megatron.loop import MediaInPackError, text_only
-
-    plain = make_batch(DOC_SAMPLES)
-    with_image = PackedBatch(
-        **{n: getattr(plain, n) for n in plain.__slots__}
-        | {"vision": {"image_grid_thw": torch.tensor([[1, 2, 2]])}, "num_media": 1}
-    )
-    assert list(text_only([plain], ignore_media=False)) == [plain]
-    with pytest.raises(MediaInPackError, match=r"pack-00000007.*--ignore-media"):
-        list(text_only([plain, with_image], ignore_media=False))
-    assert list(text_only([with_image], ignore_media=True)) == [with_image]
-
-
-def test_model_config_dir_defaults_to_processor_with_config_json(tmp_path):
-    from train.dataset import TrainConfigError
-    from train.megatron.loop import MegatronTrainConfig, _model_config_dir
-
-    config = MegatronTrainConfig(data=tmp_path, processor=tmp_path, output=tmp_path / "out", max_steps=1)
-    with pytest.raises(TrainConfigError, match="--model-config"):
-        _model_config_dir(config)
-    (tmp_path / "config.json").write_text("{}")
-    assert _model_config_dir(config) == tmp_path
-    other = tmp_path / "model"
-    assert _model_config_dir(dataclasses.replace(config, model_config=other)) == other
-
-
 # ---------------------------------------------------------------- GPU: megatron-core + TE, end to end
 
-GPU_VOCAB = 500
 GPU_ATOL = 2e-2  # bf16 autocast; THD kernel vs ordinary causal kernel
 GPU_GRAD_RTOL = 5e-2
-
-
-def gpu_samples() -> list[tuple[list[int], list[int]]]:
-    """Three samples (7, 12, 5 tokens); the second has a 3-token prompt without loss."""
-    gen = torch.Generator().manual_seed(7)
-    samples = []
-    for length, prompt in ((7, 1), (12, 3), (5, 1)):
-        tokens = torch.randint(1, GPU_VOCAB, (length,), generator=gen).tolist()
-        samples.append((tokens, [IGNORE_INDEX] * prompt + tokens[prompt:]))
-    return samples
 
 
 @pytest.fixture(scope="module")
 def megatron_gpu():
     """Megatron's parallel state (tp = pp = 1) in a one-process NCCL group, and a tiny GPTModel."""
-    if not (torch.cuda.is_available() and HAS_TE and HAS_MEGATRON):
+    if not HAS_GPU_STACK:
         pytest.skip("needs a CUDA GPU, megatron-core and Transformer Engine")
-    import torch.distributed as dist
-    from megatron.core import parallel_state, tensor_parallel
-
-    from train.megatron.loop import _free_port
     from train.megatron.model import GPTConfig, build_gpt_model
 
-    torch.cuda.set_device(0)
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
     config = GPTConfig(
         vocab_size=GPU_VOCAB, max_sequence_length=64, num_layers=2, hidden_size=128, num_attention_heads=4
     )
-    yield partial(build_gpt_model, config)
-    parallel_state.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
+    with megatron_parallel_state():
+        yield partial(build_gpt_model, config)
 
 
 def per_sample_losses(model, samples) -> list[torch.Tensor]:
@@ -483,43 +378,3 @@ def test_a_few_forward_steps_train_on_gpu(megatron_gpu):
         losses.append((report["lm loss"][0] / report["lm loss"][1]).item())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < 0.5 * losses[0], losses
-
-
-class GradRecorder:
-    """Optimizer stand-in for train_step: keeps the gradients it was asked to apply."""
-
-    def __init__(self, params) -> None:
-        self.params = list(params)
-        self.param_groups = [{"lr": 0.0}]
-        self.grads: list[torch.Tensor] = []
-
-    def step(self) -> None:
-        self.grads = [p.grad.detach().clone() for p in self.params]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            p.grad = None
-
-
-@pytest.mark.gpu
-def test_train_step_accumulates_token_weighted_like_one_packed_batch_on_gpu(megatron_gpu):
-    """Two micro-batches (2 + 1 samples) give the gradient of one micro-batch holding all three."""
-    from train.distributed import DistContext
-    from train.megatron.loop import train_step
-
-    model = megatron_gpu()
-    samples = gpu_samples()
-    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cuda", 0))
-    micro = [make_batch(samples[:2], pad_to_multiple_of=8), make_batch(samples[2:], pad_to_multiple_of=8)]
-    recorder = GradRecorder(model.parameters())
-    metrics = train_step(model, recorder, micro, ctx, step=1, max_grad_norm=1e9)
-    assert metrics.num_label_tokens == sum(b.num_label_tokens for b in micro)
-    whole = make_batch(samples, pad_to_multiple_of=8)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        output, loss_fn = forward_step(iter([whole]), model)
-    loss, num_tokens, _ = loss_fn(output)
-    (loss / num_tokens).backward()
-    assert metrics.loss == pytest.approx((loss / num_tokens).item(), abs=GPU_ATOL)
-    for (name, param), got in zip(model.named_parameters(), recorder.grads):
-        scale = param.grad.abs().max().clamp(min=1e-3)
-        assert ((got - param.grad).abs().max() / scale).item() < GPU_GRAD_RTOL, name

@@ -10,7 +10,7 @@ Importable pieces for people who already run Megatron-LM or Megatron-Bridge, in 
 - `forward_step(data_iterator, model)` / `loss_func(loss_mask, output_tensor)`: shaped like
   Megatron-LM's ``pretrain_gpt.py`` pair (loss summed over tokens, token count returned).
 
-`train megatron` (``train.megatron.cli.megatron_command``) runs them on a megatron-core
+`train megatron` (``train.recipes.megatron``) runs them on a megatron-core
 ``GPTModel`` with the Transformer Engine layer spec. Nothing here imports megatron-core or
 Transformer Engine at module import: the package imports on any machine, and only the calls
 that need them say what to install.

@@ -70,7 +70,7 @@ def require_megatron_gpu() -> None:
 def build_gpt_model(config: GPTConfig) -> torch.nn.Module:
     """A megatron-core ``GPTModel`` (TE spec) on the current CUDA device, fp32 parameters.
 
-    Megatron's parallel state must be initialised first (`train.megatron.loop` does it) and
+    Megatron's parallel state must be initialised first (`train.recipes.megatron` does it) and
     ``model_parallel_cuda_manual_seed`` called, which seeds the initialisation.
     """
     require_megatron_gpu()

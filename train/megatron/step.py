@@ -27,7 +27,7 @@ The docstring batch of `train.batch` (samples of 3 and 2 tokens, ``--pad-to-mult
     position_ids  [0 1 2 3 | 0 1 2 3]
 
 The loss is summed over tokens and the count returned, so Megatron's schedules (with
-``calculate_per_token_loss``) and `train.megatron.loop` divide by the label tokens of the
+``calculate_per_token_loss``) and `train.recipes.megatron` divide by the label tokens of the
 whole global batch, not by each micro-batch's.
 """
 

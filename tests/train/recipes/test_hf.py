@@ -138,7 +138,7 @@ def _torchrun(inputs: dict[str, Path], out: Path, *extra: str) -> None:
         "--data", str(inputs["data"]), "--model", str(inputs["model"]), "--processor", str(inputs["processor"]),
         "--output", str(out), "--num-workers", "0", "--device", "cpu", "--lr", "1e-3", *extra,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 

@@ -1,4 +1,4 @@
-"""`train megatron`: packed THD micro-batches through a megatron-core GPT model, read top to bottom.
+"""`train megatron`: packed THD micro-batches through a megatron-core GPT model: config, command, loop.
 
 One process per GPU, alone or under ``torchrun`` (tensor and pipeline parallel size 1, data
 parallel = world size). Each optimizer step takes ``grad_accum`` micro-batches per rank from
@@ -13,15 +13,14 @@ not built on the Megatron side. Packs holding images or videos are refused (nami
 unless ``ignore_media`` is set, in which case their placeholder tokens are trained on as
 ordinary tokens and the pixels are ignored.
 
-What a run leaves: ``OUT/_run.json`` (options), ``OUT/metrics.jsonl`` (one
-`train.metrics.StepMetrics` line per step, as `train hf` writes) and ``OUT/model.pt`` (the
-final ``state_dict`` of the megatron-core model, rank 0).
+What a run leaves: ``OUT/_run.json`` (options, `train.run_dir`), ``OUT/train.log``,
+``OUT/metrics.jsonl`` (one `train.metrics.StepMetrics` line per step, as `train hf` writes) and
+``OUT/model.pt`` (the final ``state_dict`` of the megatron-core model, rank 0).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import socket
 import time
@@ -30,19 +29,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import torch
 import torch.distributed as dist
 
 from packvlm.atomic import atomic_path
 from packvlm.errors import UsageError
-from prep.outputs import claim_output_dir
+from prep.cli_options import default_of
 from prep.tokenize.processor import load_processor
-from schemas.train import METRICS_FILE
+from schemas.train import LOG_FILE, METRICS_FILE
 from train.batch import PackedBatch
+from train.dataset import TrainConfigError
 from train.distributed import DistContext, all_reduce_grads, all_reduce_sum, init_distributed
+from train.loader import Sampling, make_loader, rank_loader_config, validate_loader_config
 from train.megatron.model import GPTConfig, build_gpt_model, require_megatron_gpu
 from train.megatron.step import forward_step
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
+from train.recipes.options import PATH, shared_options
+from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
 
 log = logging.getLogger(__name__)
 MODEL_FILE = "model.pt"
@@ -50,10 +54,6 @@ MODEL_FILE = "model.pt"
 
 class MediaInPackError(UsageError, ValueError):
     """A micro-batch holds images or videos, which the text-only Megatron path cannot encode."""
-
-
-class MegatronRunConflict(UsageError, ValueError):
-    """OUT already holds a run."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,10 +75,50 @@ class MegatronTrainConfig:
     ignore_media: bool = False
     model_config: Path | None = None  # HF config dir for the loader's Qwen-VL rope index
     num_workers: int = 2
-    shuffle_buffer_size: int = 100
+    sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
+    shuffle_buffer_size: int = 100  # with sampling "buffer"
 
     def fingerprint(self) -> dict[str, Any]:
-        return {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """Every option: a run directory holds one run (no --resume yet)."""
+        return config_fingerprint(self)
+
+
+def _default(name: str) -> Any:
+    """The default of a MegatronTrainConfig field: defaults live only in the config class."""
+    return default_of(MegatronTrainConfig, name)
+
+
+@click.command("megatron")
+@shared_options(MegatronTrainConfig)
+@click.option(
+    "--model-config",
+    type=PATH,
+    default=None,
+    help="HF model directory (config.json) the loader reads for Qwen-VL rope indices (default: --processor).",
+)
+@click.option("--num-layers", type=click.IntRange(min=1), default=_default("num_layers"), show_default=True)
+@click.option("--hidden-size", type=click.IntRange(min=8), default=_default("hidden_size"), show_default=True)
+@click.option(
+    "--num-attention-heads", type=click.IntRange(min=1), default=_default("num_attention_heads"), show_default=True
+)
+@click.option("--max-grad-norm", type=float, default=_default("max_grad_norm"), show_default=True)
+@click.option(
+    "--ignore-media",
+    is_flag=True,
+    help="Train on packs with images/videos as text (placeholder tokens embedded like any token).",
+)
+def megatron_command(**options: Any) -> None:
+    """Train a megatron-core GPT model (Transformer Engine spec) on the packed THD micro-batches.
+
+    Text only: the language model sees the packed tokens; the VLM vision encoder is not built
+    on the Megatron side, so packs holding images or videos are refused unless --ignore-media.
+    Needs a CUDA GPU, megatron-core and Transformer Engine (pip install 'packvlm[megatron]'
+    plus transformer_engine[pytorch]); without them it stops at once and says what to
+    install. Alone or under torchrun: tensor/pipeline parallel 1, data parallel = GPUs.
+    """
+    if not logging.getLogger().handlers:  # the step log lines; the `train` group may have set this up
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    run(MegatronTrainConfig(**options))  # the `train` group maps its errors to exit codes
 
 
 def run(config: MegatronTrainConfig) -> list[StepMetrics]:
@@ -102,27 +142,24 @@ def run(config: MegatronTrainConfig) -> list[StepMetrics]:
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
+        detach_log_file(config.output / LOG_FILE)
 
 
 def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
-    from train.loader import LoaderConfig, make_loader, validate_loader_config  # Energon: imported when used
-
-    loader_config = LoaderConfig(
-        data=str(config.data),
-        processor=str(config.processor),
-        model=str(_model_config_dir(config)),  # its config gives the rope rule; no weights read
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        num_workers=config.num_workers,
-        packs_per_microbatch=config.packs_per_microbatch,
-        seed=config.seed,
-        shuffle_buffer_size=config.shuffle_buffer_size,
-    )
+    model_dir = str(_model_config_dir(config))  # its config gives the rope rule; no weights read
+    loader_config = rank_loader_config(config, model=model_dir, rank=ctx.rank, world_size=ctx.world_size)
     info = validate_loader_config(loader_config)  # fail fast, before a model is built
-    if (config.output / METRICS_FILE).exists():
-        raise MegatronRunConflict(f"{config.output} already holds a `train megatron` run; use a new --output")
+    claim_run_dir(
+        config.output,
+        fingerprint=config.fingerprint(),
+        command="train megatron",
+        resume=False,
+        ctx=ctx,
+        subdirs=(),
+        resumable=False,
+    )
     if ctx.is_main:
-        claim_output_dir(config.output, config.fingerprint(), (), "train megatron", MegatronRunConflict)
+        attach_log_file(config.output / LOG_FILE)
     model = build_gpt_model(
         GPTConfig(
             vocab_size=len(load_processor(str(config.processor)).tokenizer),
@@ -162,8 +199,6 @@ def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
 
 def _model_config_dir(config: MegatronTrainConfig) -> Path:
     """The HF model directory whose config.json drives the loader's rope index."""
-    from train.dataset import TrainConfigError
-
     if config.model_config is not None:
         return config.model_config
     if (config.processor / "config.json").is_file():

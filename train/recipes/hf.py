@@ -1,4 +1,4 @@
-"""`train hf`: a plain packed-THD training loop for Hugging Face models, read top to bottom.
+"""`train hf`: a plain packed-THD training loop for Hugging Face models: config, command, loop.
 
 One process per device (alone or under ``torchrun``). Each optimizer step takes
 ``grad_accum`` micro-batches per rank from the Energon loader (each micro-batch is
@@ -11,32 +11,32 @@ micro-batches, which DDP's bucket hooks treat as an error).
 
 Exact resume: a checkpoint holds the weights (``save_pretrained``), optimizer, scheduler,
 RNG, step and each rank's Energon loader state, so ``--resume`` continues with the very
-micro-batches an uninterrupted run would have read.
+micro-batches an uninterrupted run would have read. The run directory (claim, ``--resume``,
+``train.log``) is `train.run_dir`'s, shared with `train megatron`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import torch
 from tqdm import tqdm
 from transformers import get_scheduler
 
-from packvlm.errors import UsageError
-from prep.outputs import claim_output_dir
-from schemas.train import CHECKPOINTS_DIR, LOG_FILE, METRICS_FILE
+from prep.cli_options import default_of
+from schemas.train import LOG_FILE, METRICS_FILE
 from train.attention import select_attention
 from train.batch import PackedBatch
 from train.checkpoint import (
     TrainerState,
-    latest_checkpoint,
     load_loader_state,
     load_trainer_state,
     rng_state,
@@ -44,24 +44,15 @@ from train.checkpoint import (
     set_rng_state,
 )
 from train.chunked_loss import chunked_token_loss_sum
-from train.distributed import (
-    DistContext,
-    all_reduce_grads,
-    barrier,
-    broadcast_from_main,
-    init_distributed,
-    shutdown,
-)
-from train.loader import LoaderConfig, Sampling, loader_state, make_loader, validate_loader_config
+from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
+from train.loader import Sampling, loader_state, make_loader, rank_loader_config, validate_loader_config
 from train.loss import global_label_tokens
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
+from train.recipes.options import PATH, shared_options
+from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
 
 log = logging.getLogger(__name__)
-
-
-class TrainRunConflict(UsageError, ValueError):
-    """OUT holds another run, or a run that --resume was not asked to continue."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,8 +82,62 @@ class HFTrainConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
-        skip = {"resume", "save_every", "max_steps", "stop_after"}
-        return {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
+        return config_fingerprint(self, skip=("resume", "save_every", "max_steps", "stop_after"))
+
+
+def _default(name: str) -> Any:
+    """The default of an HFTrainConfig field: defaults live only in the config class."""
+    return default_of(HFTrainConfig, name)
+
+
+@click.command("hf")
+@shared_options(HFTrainConfig)
+@click.option(
+    "--model",
+    type=PATH,
+    required=True,
+    help="HF model directory; with weights they are loaded, config-only means random init with --seed.",
+)
+@click.option("--weight-decay", type=float, default=_default("weight_decay"), show_default=True)
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=_default("warmup_steps"), show_default=True)
+@click.option(
+    "--lr-schedule",
+    default=_default("lr_schedule"),
+    show_default=True,
+    help="transformers.get_scheduler name: cosine, linear, constant_with_warmup, ...",
+)
+@click.option("--max-grad-norm", type=float, default=_default("max_grad_norm"), show_default=True)
+@click.option(
+    "--save-every",
+    type=click.IntRange(min=0),
+    default=_default("save_every"),
+    show_default=True,
+    help="Checkpoint every N steps (0: only at the end).",
+)
+@click.option(
+    "--stop-after",
+    type=click.IntRange(min=1),
+    default=_default("stop_after"),
+    help="Checkpoint and exit after this step (e.g. a job's time slot); --resume continues the same schedule.",
+)
+@click.option("--resume", is_flag=True, help="Continue from OUT's latest checkpoint, exactly.")
+@click.option("--device", default=_default("device"), show_default=True, help="auto, cpu or cuda.")
+def hf_command(**options: Any) -> None:
+    """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
+
+    \b
+    train hf --data ./example-out/packed --model ./example-data/model \\
+        --processor ./example-data/processor --output ./example-out/run --max-steps 30
+    torchrun --nproc_per_node 2 -m train.cli hf ...   # one process per device
+    """
+    history = run(HFTrainConfig(**options))
+    if history and int(os.environ.get("RANK", "0")) == 0:
+        last = history[-1]
+        click.echo(
+            f"trained steps {history[0].step}..{last.step}: loss {history[0].loss:.4f} -> {last.loss:.4f}, "
+            f"{sum(m.num_real_tokens for m in history):,} tokens, last {last.tokens_per_s:,.0f} tokens/s, "
+            f"real-token fraction {100 * last.real_token_fraction:.2f}%; metrics and checkpoints in {options['output']}"
+        )
 
 
 def run(config: HFTrainConfig) -> list[StepMetrics]:
@@ -104,26 +149,18 @@ def run(config: HFTrainConfig) -> list[StepMetrics]:
         return history
     finally:
         shutdown()
-        _detach_log_file(config.output / LOG_FILE)
+        detach_log_file(config.output / LOG_FILE)
 
 
 def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
-    loader_config = LoaderConfig(
-        data=str(config.data),
-        processor=str(config.processor),
-        model=str(config.model),  # its config gives the rope rule; weights are never read here
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        num_workers=config.num_workers,
-        packs_per_microbatch=config.packs_per_microbatch,
-        seed=config.seed,
-        sampling=config.sampling,
-        shuffle_buffer_size=config.shuffle_buffer_size,
-    )
+    # the model's config gives the rope rule; weights are never read by the loader
+    loader_config = rank_loader_config(config, model=str(config.model), rank=ctx.rank, world_size=ctx.world_size)
     info = validate_loader_config(loader_config)  # fail fast, before a model is built
-    checkpoint = _claim_output(config, ctx)
+    checkpoint = claim_run_dir(
+        config.output, fingerprint=config.fingerprint(), command="train hf", resume=config.resume, ctx=ctx
+    )
     if ctx.is_main:
-        _attach_log_file(config.output / LOG_FILE)
+        attach_log_file(config.output / LOG_FILE)
     attention = select_attention(ctx.device)
     model = load_model(
         checkpoint or config.model,
@@ -188,24 +225,6 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     return history
 
 
-def _attach_log_file(path: Path) -> None:
-    """Copy this process's log lines into ``OUT/train.log`` (appended, so a resumed run continues it)."""
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
-    package = logging.getLogger("train")
-    if package.getEffectiveLevel() > logging.INFO:  # the step lines are INFO: the file must get them
-        package.setLevel(logging.INFO)
-
-
-def _detach_log_file(path: Path) -> None:
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler) and handler.baseFilename == str(path.resolve()):
-            root.removeHandler(handler)
-            handler.close()
-
-
 def _scheduler(optimizer: torch.optim.Optimizer, config: HFTrainConfig, step: int) -> Any:
     """The LR schedule over ``max_steps``, advanced to ``step``.
 
@@ -221,33 +240,6 @@ def _scheduler(optimizer: torch.optim.Optimizer, config: HFTrainConfig, step: in
         for _ in range(step):
             scheduler.step()
     return scheduler
-
-
-def _claim_output(config: HFTrainConfig, ctx: DistContext) -> Path | None:
-    """Claim OUT for this run (rank 0 decides for all); with --resume return the checkpoint."""
-    refusal = None
-    if ctx.is_main:
-        try:
-            _claim_on_main(config)
-        except TrainRunConflict as exc:
-            refusal = str(exc)
-    refusal = broadcast_from_main(refusal, ctx)
-    if refusal is not None:
-        raise TrainRunConflict(refusal)
-    checkpoint = latest_checkpoint(config.output) if config.resume else None
-    if config.resume and checkpoint is None:
-        log.warning("--resume: no checkpoint in %s yet; starting from step 0", config.output)
-    return checkpoint
-
-
-def _claim_on_main(config: HFTrainConfig) -> None:
-    config.output.mkdir(parents=True, exist_ok=True)
-    has_run = (config.output / METRICS_FILE).exists() or (config.output / CHECKPOINTS_DIR).exists()
-    if has_run and not config.resume:
-        raise TrainRunConflict(
-            f"{config.output} holds a training run; pass --resume to continue it or use a new --output"
-        )
-    claim_output_dir(config.output, config.fingerprint(), (CHECKPOINTS_DIR,), "train hf", TrainRunConflict)
 
 
 def _step(

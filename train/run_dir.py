@@ -1,0 +1,109 @@
+"""The run directory of both `train` recipes: claimed once, resumed exactly, logged into.
+
+`train hf` and `train megatron` claim ``OUT`` the same way, through `claim_run_dir`, before any
+model is built: rank 0 decides and every rank acts on its answer (a refusal on rank 0 alone
+would leave the others waiting in a collective). ``OUT/_run.json`` records the recipe and the
+options the trajectory depends on (`config_fingerprint`); a directory that holds a run (metrics or
+checkpoints) is refused unless ``--resume`` asks to continue it with the same options, and a
+resumed run starts from `train.checkpoint.latest_checkpoint`. Layout: `schemas.train`.
+
+    claim_run_dir(OUT, fingerprint=config.fingerprint(), command="train hf", resume=False, ...)
+    -> None                          fresh run: OUT/_run.json written, OUT/checkpoints/ created
+    claim_run_dir(..., resume=True)  -> OUT/checkpoints/step-00000003   (None, with a warning, if none yet)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from packvlm.errors import UsageError
+from prep.outputs import claim_output_dir
+from schemas.train import CHECKPOINTS_DIR, METRICS_FILE
+from train.checkpoint import latest_checkpoint
+from train.distributed import DistContext, broadcast_from_main
+
+log = logging.getLogger(__name__)
+
+
+class TrainRunConflict(UsageError, ValueError):
+    """OUT holds another run, or a run that --resume was not asked to continue."""
+
+
+def config_fingerprint(config: Any, skip: Iterable[str] = ()) -> dict[str, str]:
+    """The fields of a recipe's config dataclass that a resumed run must repeat, as strings."""
+    skipped = set(skip)
+    return {f.name: str(getattr(config, f.name)) for f in dataclasses.fields(config) if f.name not in skipped}
+
+
+def claim_run_dir(
+    output: Path,
+    *,
+    fingerprint: dict[str, str],
+    command: str,
+    resume: bool,
+    ctx: DistContext,
+    subdirs: tuple[str, ...] = (CHECKPOINTS_DIR,),
+    resumable: bool = True,
+) -> Path | None:
+    """Claim ``output`` for this run on every rank; with ``resume``, the checkpoint to continue from.
+
+    Args:
+        output: The run directory (``--output``).
+        fingerprint: Options the run depends on (`config_fingerprint`), recorded in ``_run.json``.
+        command: The recipe's name, e.g. ``"train hf"``.
+        resume: ``--resume`` was given.
+        ctx: This process; rank 0 decides for all.
+        subdirs: Directories the run writes into (temp files of a killed run are cleared there).
+        resumable: The recipe has ``--resume``; the refusal says so only then.
+
+    Raises:
+        TrainRunConflict: ``output`` holds another run, another command's output, or this run
+            without ``resume``.
+    """
+    refusal = None
+    if ctx.is_main:
+        try:
+            _claim_on_main(output, fingerprint, command, resume, subdirs, resumable)
+        except TrainRunConflict as exc:
+            refusal = str(exc)
+    refusal = broadcast_from_main(refusal, ctx)
+    if refusal is not None:
+        raise TrainRunConflict(refusal)
+    checkpoint = latest_checkpoint(output) if resume else None
+    if resume and checkpoint is None:
+        log.warning("--resume: no checkpoint in %s yet; starting from step 0", output)
+    return checkpoint
+
+
+def _claim_on_main(
+    output: Path, fingerprint: dict[str, str], command: str, resume: bool, subdirs: tuple[str, ...], resumable: bool
+) -> None:
+    has_run = (output / METRICS_FILE).exists() or (output / CHECKPOINTS_DIR).exists()
+    if has_run and not resume:
+        fix = "pass --resume to continue it or use a new --output" if resumable else "use a new --output"
+        raise TrainRunConflict(f"{output} holds a training run; {fix}")
+    output.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(output, fingerprint, subdirs, command, TrainRunConflict)
+
+
+def attach_log_file(path: Path) -> None:
+    """Copy this process's log lines into ``OUT/train.log`` (appended, so a resumed run continues it)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    package = logging.getLogger("train")
+    if package.getEffectiveLevel() > logging.INFO:  # the step lines are INFO: the file must get them
+        package.setLevel(logging.INFO)
+
+
+def detach_log_file(path: Path) -> None:
+    """Close the handler `attach_log_file` added (a later run in this process logs elsewhere)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename == str(path.resolve()):
+            root.removeHandler(handler)
+            handler.close()
