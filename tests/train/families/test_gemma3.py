@@ -27,36 +27,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import PreTrainedModel
 
-from prep.tokenize.processor import load_processor
-from schemas.packed import LoadedPack
-from tests.train.models import (
-    CONVERSATIONS,
-    Conversation,
-    Sample,
-    Truth,
-    grads_of,
-    make_family,
-    max_grad_error,
-    pack_samples,
-    process,
-    reference,
-    scatter_truth,
-    tiny_model,
+from tests.train.models import CONVERSATIONS, Conversation, Sample, make_family
+from tests.train.packed_truth import (
+    Setup,
+    assert_equals_alone,
+    assert_plan_mismatch,
+    build_setup,
+    loss_diff,
+    one_slot,
+    varlen_losses,
 )
 from train import block_attention
 from train.attention import PACKED_ATTENTION
-from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
-from train.encoder import PackEncoder
+from train.batch import PackedBatch, concat_batches
 from train.families.base import find_layout
 from train.families.gemma3 import Gemma3Layout
-from train.forward import packed_forward
 from train.image_blocks import token_runs
-from train.loss import per_token_losses, token_loss_sum
 from train.media import PlanMismatchError
 from train.models import load_model
 
-TOLERANCE = 1e-5  # the issue's bound for losses and gradients (fp32)
 LARGE = 1e-3  # a mutation must move some per-token loss by 100x the tolerance at least
 PACK_B = (
     Conversation((), "Tell me a long story about a cat, a dog and a tree next to the house.", "Once upon a time " * 6),
@@ -65,51 +56,16 @@ PACK_B = (
 PACKS = {"A": CONVERSATIONS, "B": PACK_B}
 
 
-@dataclasses.dataclass
-class Setup:
-    model: torch.nn.Module
-    samples: dict[str, list[Sample]]
-    truth: dict[str, Truth]
-    encoder: PackEncoder
-    processor_dir: Path
-
-    def pack(self, name: str, pad_to_multiple_of: int = 1) -> LoadedPack:
-        return pack_samples(
-            self.samples[name], self.processor_dir, pad_to_multiple_of=pad_to_multiple_of, key=f"pack-{name}"
-        )
-
-    def encode(self, name: str, pad_to_multiple_of: int = 1) -> PackedBatch:
-        return self.encoder.encode(self.pack(name, pad_to_multiple_of))
+def nonzero_projector(model: PreTrainedModel) -> None:
+    """Module docstring: a zero projector makes its gradient ill-conditioned."""
+    with torch.no_grad():
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.02)
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    torch.manual_seed(0)
-    family = make_family("gemma3", tmp_path_factory.mktemp("gemma3"))
-    processor = load_processor(str(family.processor_dir)).processor
-    samples = {name: [process(processor, c) for c in convs] for name, convs in PACKS.items()}
-    model = tiny_model(family)
-    with torch.no_grad():  # module docstring: a zero projector makes its gradient ill-conditioned
-        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.02)
-    truth = {name: reference(model, s) for name, s in samples.items()}
-    encoder = PackEncoder.from_pretrained(str(family.processor_dir), str(family.model_dir))
-    return Setup(model, samples, truth, encoder, family.processor_dir)
-
-
-def truth_of(setup: Setup, *names: str) -> Truth:
-    parts = [setup.truth[n] for n in names]
-    grads = {k: sum(p.grads[k] for p in parts) for k in parts[0].grads}
-    return Truth([loss for p in parts for loss in p.losses], grads)
-
-
-def loss_diff(truth: Truth, batch: PackedBatch, losses: torch.Tensor) -> float:
-    expected = scatter_truth(truth, batch.cu_seqlens_padded, batch.num_tokens)
-    return float((losses.detach().reshape(-1) - expected).abs().max())
-
-
-@torch.no_grad()
-def packed_losses(setup: Setup, batch: PackedBatch) -> torch.Tensor:
-    return per_token_losses(packed_forward(setup.model, batch), batch.labels)
+    root = tmp_path_factory.mktemp("gemma3")
+    return build_setup("gemma3", root, PACKS, vision="vision_tower", prepare=nonzero_projector)
 
 
 def model_blocks(samples: list[Sample], batch: PackedBatch) -> list[list[int]]:
@@ -118,20 +74,6 @@ def model_blocks(samples: list[Sample], batch: PackedBatch) -> list[list[int]]:
     for sample, start in zip(samples, batch.cu_seqlens_padded.tolist()):
         spans += [[start + a, start + b] for a, b in token_runs(sample.inputs["token_type_ids"][0].numpy(), 1)]
     return spans
-
-
-def assert_equals_alone(setup: Setup, batch: PackedBatch, truth: Truth, samples: list[Sample]) -> None:
-    setup.model.zero_grad(set_to_none=True)
-    logits = packed_forward(setup.model, batch)
-    assert loss_diff(truth, batch, per_token_losses(logits, batch.labels)) <= TOLERANCE
-    summed, count = token_loss_sum(logits, batch.labels)
-    assert count == sum(int((s.labels[0, 1:] != IGNORE_INDEX).sum()) for s in samples)
-    summed.backward()
-    packed = grads_of(setup.model)
-    setup.model.zero_grad(set_to_none=True)
-    assert max_grad_error(packed, truth.grads) <= TOLERANCE  # allclose, rtol = atol = 1e-5
-    assert len(packed) == sum(1 for _ in setup.model.parameters())  # every parameter, vision tower too
-    assert any("vision_tower" in name and float(g.abs().max()) > 0 for name, g in packed.items())
 
 
 def test_flash_attention_request_loads_packvlm_varlen(tmp_path: Path) -> None:
@@ -158,7 +100,7 @@ def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pack: str, pa
     assert batch.image_blocks.tolist() == model_blocks(samples, batch)
     pixels = [s.inputs["pixel_values"] for s in samples if "pixel_values" in s.inputs]
     assert torch.equal(batch.vision["pixel_values"], torch.cat(pixels))  # the real processor's, token order
-    assert_equals_alone(setup, batch, setup.truth[pack], samples)
+    assert_equals_alone(setup, batch, pack)
 
 
 @pytest.mark.parametrize("pad_to_multiple_of", [1, 16])
@@ -166,17 +108,16 @@ def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup, pad_to_multi
     """``--packs-per-microbatch 2``: pack B's image blocks shift with its row offset."""
     a, b = (setup.encode(name, pad_to_multiple_of) for name in ("A", "B"))
     batch = concat_batches([a, b], setup.encoder.joins)
-    samples = setup.samples["A"] + setup.samples["B"]
-    assert batch.image_blocks.tolist() == model_blocks(samples, batch)
+    assert batch.image_blocks.tolist() == model_blocks(setup.samples_of("A", "B"), batch)
     assert batch.image_blocks[-1, 0] >= a.num_tokens  # B's block, moved past A
-    assert_equals_alone(setup, batch, truth_of(setup, "A", "B"), samples)
+    assert_equals_alone(setup, batch, "A", "B")
 
 
 def test_mutation_image_blocks_causal_moves_the_losses(setup: Setup) -> None:
     """Without its image blocks the row is plain causal (sliding) attention: image tokens lose their future."""
     batch = setup.encode("A")
     mutated = dataclasses.replace(batch, image_blocks=batch.image_blocks[:0])
-    assert loss_diff(setup.truth["A"], mutated, packed_losses(setup, mutated)) > LARGE
+    assert loss_diff(setup.truth["A"], mutated, varlen_losses(setup, mutated)) > LARGE
 
 
 def _mutated_rule(monkeypatch: pytest.MonkeyPatch, rule: Callable[..., torch.Tensor]) -> None:
@@ -190,35 +131,27 @@ def test_mutation_an_image_block_attending_to_the_next_image_moves_the_losses(
     original = block_attention.allowed
     _mutated_rule(monkeypatch, lambda q, kv, slots, blocks, window: original(q, kv, slots, blocks.clamp(max=0), window))
     batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, packed_losses(setup, batch)) > LARGE
+    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, batch)) > LARGE
 
 
 def test_mutation_sliding_window_ignored_moves_the_losses(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
     original = block_attention.allowed
     _mutated_rule(monkeypatch, lambda q, kv, slots, blocks, window: original(q, kv, slots, blocks, None))
     batch = setup.encode("B")
-    assert loss_diff(setup.truth["B"], batch, packed_losses(setup, batch)) > LARGE
+    assert loss_diff(setup.truth["B"], batch, varlen_losses(setup, batch)) > LARGE
 
 
 def test_mutation_one_slot_boundaries_mixes_samples(setup: Setup) -> None:
     batch = setup.encode("A")
-    whole = torch.tensor([0, batch.num_tokens], dtype=torch.int32)
-    mutated = dataclasses.replace(batch, cu_seqlens_padded=whole, max_seqlen=batch.num_tokens)
-    assert loss_diff(setup.truth["A"], batch, packed_losses(setup, mutated)) > LARGE
+    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, one_slot(batch))) > LARGE
 
 
 @pytest.mark.parametrize("field", ["num_tokens", "num_tiles", "grid_thw"])
 def test_a_stored_plan_that_differs_is_a_plan_mismatch(setup: Setup, field: str) -> None:
     pack = setup.pack("A")
-    media = list(pack.media)
-    meta = media[1].meta  # sample 2's first image
+    meta = pack.media[1].meta  # sample 2's first image
     wrong = {"num_tokens": meta.num_tokens * 2, "num_tiles": 2, "grid_thw": (1, 1, 3)}
-    media[1] = dataclasses.replace(media[1], meta=dataclasses.replace(meta, **{field: wrong[field]}))
-    altered = dataclasses.replace(pack, media=tuple(media))
-    with pytest.raises(PlanMismatchError) as error:
-        setup.encoder.encode(altered)
-    assert f"pack pack-A, sample sample-2, member {meta.member}" in str(error.value)
-    assert f"stored {field} {wrong[field]}" in str(error.value)
+    assert_plan_mismatch(setup, pack, 1, field, wrong[field])
 
 
 def test_image_token_runs_that_differ_from_the_plan_are_refused(setup: Setup) -> None:
