@@ -10,6 +10,13 @@ Importable pieces for people who already run Megatron-LM or Megatron-Bridge, in 
 - `forward_step(data_iterator, model)` / `loss_func(loss_mask, output_tensor)`: shaped like
   Megatron-LM's ``pretrain_gpt.py`` pair (loss summed over tokens, token count returned).
 
+With images (``train.megatron.vlm``, ``train.megatron.vision``):
+
+- `HFVisionEncoder(hf_config)`: the family's own Hugging Face vision tower and projector;
+- `MegatronVLM(gpt_model, encoder, mrope=...)` and `vlm_forward_step`: the image rows of
+  ``decoder_input`` written by the tower, the row cut per context-parallel rank, ``[3, 1, T]``
+  mRoPE rows for Qwen2/2.5-VL (`get_vlm_batch`).
+
 `train megatron` (``train.recipes.megatron``) runs them on a megatron-core
 ``GPTModel`` with the Transformer Engine layer spec. Nothing here imports megatron-core or
 Transformer Engine at module import: the package imports on any machine, and only the calls
@@ -27,18 +34,25 @@ from train.megatron.params import (
     packed_seq_params,
 )
 from train.megatron.step import MegatronBatch, forward_step, get_batch, loss_func, mrope_position_ids, shift_labels
+from train.megatron.vision import HFVisionEncoder
+from train.megatron.vlm import MegatronVLM, MegatronVLMBatch, get_vlm_batch, vlm_forward_step
 
 __all__ = [
     "ContextParallelPaddingError",
+    "HFVisionEncoder",
     "MegatronBatch",
     "MegatronNotInstalledError",
+    "MegatronVLM",
+    "MegatronVLMBatch",
     "PackedSeqFields",
     "check_context_parallel",
     "forward_step",
     "get_batch",
+    "get_vlm_batch",
     "loss_func",
     "mrope_position_ids",
     "packed_seq_fields",
     "packed_seq_params",
     "shift_labels",
+    "vlm_forward_step",
 ]

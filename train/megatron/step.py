@@ -160,7 +160,7 @@ def forward_step(
     model's parameters, and returns them with ``partial(loss_func, loss_mask)``, which is what
     Megatron-LM's schedules (``get_forward_backward_func()``) expect from a step function.
     """
-    batch = get_batch(next(data_iterator), _model_device(model))
+    batch = get_batch(next(data_iterator), model_device(model))
     output_tensor = model(
         batch.tokens,
         batch.position_ids,
@@ -172,7 +172,8 @@ def forward_step(
     return output_tensor, partial(loss_func, batch.loss_mask)
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's parameters (CPU for a model without any)."""
     for param in model.parameters():
         return param.device
     return torch.device("cpu")

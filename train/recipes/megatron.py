@@ -1,21 +1,29 @@
 """`train megatron`: packed THD micro-batches through a megatron-core GPT model: config, command, loop.
 
-One process per GPU, alone or under ``torchrun`` (tensor and pipeline parallel size 1, data
-parallel = world size). Each optimizer step takes ``grad_accum`` micro-batches per rank from
-the Energon loader, runs `train.megatron.step.forward_step` on each (Megatron-LM's step:
-pre-shifted labels, loss mask, ``PackedSeqParams``), back-propagates the **summed** token
-loss, then - as megatron-core does with ``calculate_per_token_loss`` - sums gradients and
-token counts over ranks and divides the gradients by the label tokens of the whole global
-batch. AdamW, gradient clipping, bf16 autocast over fp32 weights.
+One process per GPU, alone or under ``torchrun``: tensor and pipeline parallel size 1, context
+parallel ``--context-parallel-size`` (c), data parallel = world size / c. Each optimizer step
+takes ``grad_accum`` micro-batches per data-parallel rank from the Energon loader (context-parallel
+peers read the same packs and each keeps its chunks of every sample, `train.context_parallel`),
+runs a Megatron-LM step on each (pre-shifted labels, loss mask, ``PackedSeqParams``),
+back-propagates the **summed** token loss, then - as megatron-core does with
+``calculate_per_token_loss`` - sums gradients and token counts over all ranks and divides the
+gradients by the label tokens of the whole global batch. AdamW, gradient clipping, bf16 autocast
+over fp32 weights.
 
-Text only: the model is a language model over the packed tokens; the VLM vision encoder is
-not built on the Megatron side. Packs holding images or videos are refused (naming the pack)
-unless ``ignore_media`` is set, in which case their placeholder tokens are trained on as
-ordinary tokens and the pixels are ignored.
+Which model (decided once, from ``--model-config``'s HF config):
+
+- a supported VLM family (`train.megatron.vision.SUPPORTED_MODEL_TYPES`: Qwen2/2.5-VL with mRoPE,
+  Mistral 3, Pixtral, LLaVA-OneVision / NeXT with 1-D rope) and no ``--ignore-media``:
+  `train.megatron.vlm.MegatronVLM`, a GPTModel as wide as the HF text config, ``--num-layers``
+  deep, with the family's own HF vision tower + projector writing the image rows of
+  ``decoder_input``: **images are trained**;
+- otherwise a GPTModel sized by the flags; packs holding images or videos are refused (naming
+  the pack and why) unless ``--ignore-media``, which trains their placeholder tokens as ordinary
+  tokens and ignores the pixels.
 
 What a run leaves: ``OUT/_run.json`` (options, `train.run_dir`), ``OUT/train.log``,
 ``OUT/metrics.jsonl`` (one `train.metrics.StepMetrics` line per step, as `train hf` writes) and
-``OUT/model.pt`` (the final ``state_dict`` of the megatron-core model, rank 0).
+``OUT/model.pt`` (the final ``state_dict``, rank 0).
 """
 
 from __future__ import annotations
@@ -24,8 +32,9 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +50,23 @@ from schemas.train import LOG_FILE, METRICS_FILE
 from train.batch import PackedBatch
 from train.dataset import TrainConfigError
 from train.distributed import DistContext, all_reduce_grads, all_reduce_sum, init_distributed
+from train.identity import load_model_config
 from train.loader import Sampling, make_loader, rank_loader_config, validate_loader_config
-from train.megatron.model import GPTConfig, build_gpt_model, require_megatron_gpu
+from train.megatron.model import GPTConfig, build_gpt_model, require_megatron_gpu, vlm_gpt_config
 from train.megatron.step import forward_step
+from train.megatron.vision import HFVisionEncoder, unsupported_reason, vision_rope
+from train.megatron.vlm import MegatronVLM, vlm_forward_step
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.recipes.options import PATH, shared_options
 from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
 
 log = logging.getLogger(__name__)
 MODEL_FILE = "model.pt"
+
+
+TEXT_HIDDEN_SIZE = 256  # the text-only GPT's width when --hidden-size is not given
+TEXT_ATTENTION_HEADS = 4
+StepFn = Callable[[Iterator[PackedBatch], torch.nn.Module], Any]
 
 
 class MediaInPackError(UsageError, ValueError):
@@ -65,8 +82,8 @@ class MegatronTrainConfig:
     output: Path
     max_steps: int
     num_layers: int = 2
-    hidden_size: int = 256
-    num_attention_heads: int = 4
+    hidden_size: int | None = None  # text: TEXT_HIDDEN_SIZE; with images: the HF text config's (must match)
+    num_attention_heads: int | None = None  # text: TEXT_ATTENTION_HEADS; with images: the HF text config's
     lr: float = 1e-4
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -77,6 +94,7 @@ class MegatronTrainConfig:
     num_workers: int = 2
     sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
     shuffle_buffer_size: int = 100  # with sampling "buffer"
+    context_parallel_size: int = 1  # slots must be multiples of 2x this (prep pack --pad-to-multiple-of)
 
     def fingerprint(self) -> dict[str, Any]:
         """Every option: a run directory holds one run (no --resume yet)."""
@@ -97,24 +115,43 @@ def _default(name: str) -> Any:
     help="HF model directory (config.json) the loader reads for Qwen-VL rope indices (default: --processor).",
 )
 @click.option("--num-layers", type=click.IntRange(min=1), default=_default("num_layers"), show_default=True)
-@click.option("--hidden-size", type=click.IntRange(min=8), default=_default("hidden_size"), show_default=True)
 @click.option(
-    "--num-attention-heads", type=click.IntRange(min=1), default=_default("num_attention_heads"), show_default=True
+    "--hidden-size",
+    type=click.IntRange(min=8),
+    default=None,
+    help=f"Text-only GPT width [default: {TEXT_HIDDEN_SIZE}]; with images the HF text config's (a different value "
+    "is refused).",
+)
+@click.option(
+    "--num-attention-heads",
+    type=click.IntRange(min=1),
+    default=None,
+    help=f"Text-only GPT heads [default: {TEXT_ATTENTION_HEADS}]; with images the HF text config's.",
+)
+@click.option(
+    "--context-parallel-size",
+    type=click.IntRange(min=1),
+    default=_default("context_parallel_size"),
+    show_default=True,
+    help="GPUs sharing each micro-batch (every sample cut into 2x this many chunks); packs need "
+    "`prep pack --pad-to-multiple-of 2x` it.",
 )
 @click.option("--max-grad-norm", type=float, default=_default("max_grad_norm"), show_default=True)
 @click.option(
     "--ignore-media",
     is_flag=True,
-    help="Train on packs with images/videos as text (placeholder tokens embedded like any token).",
+    help="Train the text only: placeholder tokens embedded like any token, pixels ignored, no vision tower.",
 )
 def megatron_command(**options: Any) -> None:
     """Train a megatron-core GPT model (Transformer Engine spec) on the packed THD micro-batches.
 
-    Text only: the language model sees the packed tokens; the VLM vision encoder is not built
-    on the Megatron side, so packs holding images or videos are refused unless --ignore-media.
-    Needs a CUDA GPU, megatron-core and Transformer Engine (pip install 'packvlm[megatron]'
-    plus transformer_engine[pytorch]); without them it stops at once and says what to
-    install. Alone or under torchrun: tensor/pipeline parallel 1, data parallel = GPUs.
+    With images: for Qwen2/2.5-VL (mRoPE), Mistral 3, Pixtral and LLaVA-OneVision/NeXT the
+    family's own Hugging Face vision tower and projector embed the images into the language
+    model's input at the image-token positions; other families train text only (media refused
+    unless --ignore-media). Needs a CUDA GPU, megatron-core and Transformer Engine (pip install
+    'packvlm[megatron]' plus transformer_engine[pytorch]); without them it stops at once and
+    says what to install. Alone or under torchrun: tensor/pipeline parallel 1, context parallel
+    --context-parallel-size, data parallel = GPUs / context parallel.
     """
     if not logging.getLogger().handlers:  # the step log lines; the `train` group may have set this up
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -134,7 +171,11 @@ def run(config: MegatronTrainConfig) -> list[StepMetrics]:
     torch.cuda.set_device(ctx.device)
     if not dist.is_initialized():  # a single process: megatron's parallel state needs a group
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        context_parallel_size=config.context_parallel_size,
+    )
     try:
         tensor_parallel.model_parallel_cuda_manual_seed(config.seed)
         torch.manual_seed(config.seed)
@@ -146,9 +187,19 @@ def run(config: MegatronTrainConfig) -> list[StepMetrics]:
 
 
 def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
-    model_dir = str(_model_config_dir(config))  # its config gives the rope rule; no weights read
-    loader_config = rank_loader_config(config, model=model_dir, rank=ctx.rank, world_size=ctx.world_size)
+    from megatron.core import parallel_state
+
+    model_dir = str(_model_config_dir(config))  # its config gives the rope rule and the vision tower
+    cp_size, cp_rank = config.context_parallel_size, parallel_state.get_context_parallel_rank()
+    loader_config = rank_loader_config(  # context-parallel peers read the same packs
+        config,
+        model=model_dir,
+        rank=parallel_state.get_data_parallel_rank(),
+        world_size=parallel_state.get_data_parallel_world_size(),
+        context_parallel_size=cp_size,
+    )
     info = validate_loader_config(loader_config)  # fail fast, before a model is built
+    plan = plan_model(config, load_model_config(model_dir))
     claim_run_dir(
         config.output,
         fingerprint=config.fingerprint(),
@@ -160,33 +211,37 @@ def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     )
     if ctx.is_main:
         attach_log_file(config.output / LOG_FILE)
-    model = build_gpt_model(
-        GPTConfig(
-            vocab_size=len(load_processor(str(config.processor)).tokenizer),
-            max_sequence_length=info.pack_size * config.packs_per_microbatch,
-            num_layers=config.num_layers,
-            hidden_size=config.hidden_size,
-            num_attention_heads=config.num_attention_heads,
-        )
-    )
+    vocab_size = len(load_processor(str(config.processor)).tokenizer)
+    max_sequence_length = info.pack_size * config.packs_per_microbatch
+    model, step_fn = _build(config, plan, vocab_size, max_sequence_length, cp_rank)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     log.info(
-        "train megatron: %s (%d packs of %d tokens) on %d GPU(s), GPT %d layers x %d hidden, %s parameters",
+        "train megatron: %s (%d packs of %d tokens) on %d GPU(s) (context parallel %d), %s, %s parameters",
         info.path,
         info.num_packs,
         info.pack_size,
         ctx.world_size,
-        config.num_layers,
-        config.hidden_size,
+        cp_size,
+        plan.describe(config.num_layers),
         f"{sum(p.numel() for p in model.parameters()):,}",
     )
-    batches = text_only(make_loader(loader_config, validate=False), ignore_media=config.ignore_media)
+    loader = make_loader(loader_config, validate=False)
+    batches = loader if plan.vision else text_only(loader, ignore_media=config.ignore_media, reason=plan.text_reason)
     writer = MetricsWriter(config.output / METRICS_FILE)
     history = []
     for step in range(1, config.max_steps + 1):
         micro = [next(batches) for _ in range(config.grad_accum)]
-        metrics = train_step(model, optimizer, micro, ctx, step=step, max_grad_norm=config.max_grad_norm)
+        metrics = train_step(
+            model,
+            optimizer,
+            micro,
+            ctx,
+            step=step,
+            max_grad_norm=config.max_grad_norm,
+            step_fn=step_fn,
+            report=cp_rank == 0,  # context-parallel peers hold the same micro-batches: count them once
+        )
         history.append(metrics)
         if ctx.is_main:
             writer.write(metrics)
@@ -195,6 +250,78 @@ def _train(config: MegatronTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         with atomic_path(config.output / MODEL_FILE) as tmp:
             torch.save(model.state_dict(), tmp)
     return history
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelPlan:
+    """What `train megatron` builds, decided from the options and the HF config before anything is read."""
+
+    vision: bool  # the family's HF vision tower embeds the images
+    mrope: bool  # t/h/w rotary sections (Qwen2/2.5-VL)
+    hf_config: Any
+    text_reason: str  # why media would be refused on the text path
+
+    def describe(self, num_layers: int) -> str:
+        if self.vision:
+            kind = "mRoPE" if self.mrope else "1-D rope"
+            return f"GPT {num_layers} layers ({kind}) + the {self.hf_config.model_type} HF vision tower"
+        return f"GPT {num_layers} layers, text only"
+
+
+def plan_model(config: MegatronTrainConfig, hf_config: Any) -> ModelPlan:
+    """Vision tower or text only (see the module docstring); refuses flags that contradict the HF width.
+
+    Raises:
+        TrainConfigError: ``--hidden-size`` / ``--num-attention-heads`` differ from the HF text config's
+            while images are trained.
+    """
+    reason = "--ignore-media" if config.ignore_media else unsupported_reason(hf_config)
+    if reason is not None:
+        return ModelPlan(vision=False, mrope=False, hf_config=hf_config, text_reason=reason)
+    text = hf_config.get_text_config()
+    for flag, given, theirs in (
+        ("--hidden-size", config.hidden_size, text.hidden_size),
+        ("--num-attention-heads", config.num_attention_heads, text.num_attention_heads),
+    ):
+        if given is not None and given != theirs:
+            raise TrainConfigError(
+                f"{flag} {given}, but with images the language model takes the width of the HF text config "
+                f"({theirs}): the {hf_config.model_type} projector writes vectors of that size. Leave {flag} out, "
+                "or pass --ignore-media to train a text-only model of your size."
+            )
+    return ModelPlan(vision=True, mrope=vision_rope(hf_config) == "mrope", hf_config=hf_config, text_reason="")
+
+
+def _build(
+    config: MegatronTrainConfig, plan: ModelPlan, vocab_size: int, max_sequence_length: int, cp_rank: int
+) -> tuple[torch.nn.Module, StepFn]:
+    """The model on this GPU and the step function that feeds it (seeded: every rank builds the same)."""
+    cp_size = config.context_parallel_size
+    if plan.vision:
+        gpt = vlm_gpt_config(
+            plan.hf_config,
+            vocab_size=vocab_size,
+            max_sequence_length=max_sequence_length,
+            num_layers=config.num_layers,
+            mrope=plan.mrope,
+            context_parallel_size=cp_size,
+        )
+    else:
+        gpt = GPTConfig(
+            vocab_size=vocab_size,
+            max_sequence_length=max_sequence_length,
+            num_layers=config.num_layers,
+            hidden_size=config.hidden_size or TEXT_HIDDEN_SIZE,
+            num_attention_heads=config.num_attention_heads or TEXT_ATTENTION_HEADS,
+            context_parallel_size=cp_size,
+        )
+    language_model = build_gpt_model(gpt)
+    if not plan.vision and cp_size == 1:
+        return language_model, forward_step
+    torch.manual_seed(config.seed)  # the HF vision tower initialises from the torch RNG
+    vision = HFVisionEncoder(plan.hf_config).cuda(torch.cuda.current_device()) if plan.vision else None
+    model = MegatronVLM(language_model, vision, mrope=plan.mrope)
+    return model, partial(vlm_forward_step, context_parallel_size=cp_size, context_parallel_rank=cp_rank)
 
 
 def _model_config_dir(config: MegatronTrainConfig) -> Path:
@@ -210,18 +337,20 @@ def _model_config_dir(config: MegatronTrainConfig) -> Path:
     )
 
 
-def text_only(batches: Iterable[PackedBatch], *, ignore_media: bool) -> Iterator[PackedBatch]:
-    """``batches`` unchanged; a micro-batch with media raises unless ``ignore_media``.
+def text_only(
+    batches: Iterable[PackedBatch], *, ignore_media: bool, reason: str = "no vision encoder on the Megatron side"
+) -> Iterator[PackedBatch]:
+    """``batches`` unchanged on the text-only path; a micro-batch with media raises unless ``ignore_media``.
 
     Raises:
-        MediaInPackError: naming the packs and the flag.
+        MediaInPackError: naming the packs, why this run has no vision tower, and the flag.
     """
     for batch in batches:
         if batch.num_media and not ignore_media:
             raise MediaInPackError(
-                f"packs {', '.join(batch.pack_keys)} hold {batch.num_media} images/videos, but `train megatron` "
-                "trains the language model only (no vision encoder on the Megatron side). Pass --ignore-media to "
-                "train on their tokens as text, pack text-only data, or use `train hf` for the full VLM."
+                f"packs {', '.join(batch.pack_keys)} hold {batch.num_media} images/videos, but this `train megatron` "
+                f"run trains the language model only ({reason}). Pass --ignore-media to train on their tokens as "
+                "text, pack text-only data, or use `train hf` for the full VLM."
             )
         yield batch
 
@@ -234,14 +363,23 @@ def train_step(
     *,
     step: int,
     max_grad_norm: float,
+    step_fn: StepFn = forward_step,
+    report: bool = True,
 ) -> StepMetrics:
-    """One optimizer step: summed losses back-propagated, gradients / global label tokens."""
+    """One optimizer step: summed losses back-propagated, gradients / global label tokens.
+
+    Args:
+        step_fn: ``forward_step`` (a GPTModel) or `train.megatron.vlm.vlm_forward_step` bound to
+            this context-parallel rank (a `MegatronVLM`); either returns this rank's token losses.
+        report: Count this rank's micro-batches in the metrics' token and pack totals (False on
+            context-parallel peers of the rank that does).
+    """
     started = time.perf_counter()
     loss_sum = torch.zeros((), dtype=torch.float32, device=ctx.device)
     local_tokens = 0
     for batch in micro:
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            output, loss_fn = forward_step(iter([batch]), model)
+            output, loss_fn = step_fn(iter([batch]), model)
         loss, num_tokens, _ = loss_fn(output)
         loss.backward()
         loss_sum += loss.detach()
@@ -253,7 +391,7 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     return collect_step_metrics(
         step=step,
-        micro=micro,
+        micro=micro if report else [],
         ctx=ctx,
         loss_sum=float(loss_sum),
         num_label_tokens=global_tokens,

@@ -56,6 +56,7 @@ def test_cli_help_documents_flags():
         "--num-workers",
         "--sampling",
         "--shuffle-buffer-size",
+        "--context-parallel-size",
     ):
         assert flag in result.output
 
