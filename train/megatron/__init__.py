@@ -10,7 +10,8 @@ Importable pieces for people who already run Megatron-LM or Megatron-Bridge, in 
 - `forward_step(data_iterator, model)` / `loss_func(loss_mask, output_tensor)`: shaped like
   Megatron-LM's ``pretrain_gpt.py`` pair (loss summed over tokens, token count returned).
 
-With images (``train.megatron.vlm``, ``train.megatron.vision``):
+With images (import them from ``train.megatron.vlm`` and ``train.megatron.vision``: this package
+is imported by `train.context_parallel`, which ``vlm`` imports in turn):
 
 - `HFVisionEncoder(hf_config)`: the family's own Hugging Face vision tower and projector;
 - `MegatronVLM(gpt_model, encoder, mrope=...)` and `vlm_forward_step`: the image rows of
@@ -34,25 +35,18 @@ from train.megatron.params import (
     packed_seq_params,
 )
 from train.megatron.step import MegatronBatch, forward_step, get_batch, loss_func, mrope_position_ids, shift_labels
-from train.megatron.vision import HFVisionEncoder
-from train.megatron.vlm import MegatronVLM, MegatronVLMBatch, get_vlm_batch, vlm_forward_step
 
 __all__ = [
     "ContextParallelPaddingError",
-    "HFVisionEncoder",
     "MegatronBatch",
     "MegatronNotInstalledError",
-    "MegatronVLM",
-    "MegatronVLMBatch",
     "PackedSeqFields",
     "check_context_parallel",
     "forward_step",
     "get_batch",
-    "get_vlm_batch",
     "loss_func",
     "mrope_position_ids",
     "packed_seq_fields",
     "packed_seq_params",
     "shift_labels",
-    "vlm_forward_step",
 ]
