@@ -18,35 +18,30 @@ layout; the kernels themselves run only in the ``gpu`` test (CUDA + flash-linear
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
-from prep.tokenize.processor import load_processor
-from tests.train.models import (
-    CONVERSATIONS,
-    Truth,
-    grads_of,
-    make_family,
-    max_grad_error,
-    pack_samples,
-    process,
-    reference,
-    scatter_truth,
-    tiny_model,
+from tests.train.models import CONVERSATIONS, Sample, Truth, reference
+from tests.train.packed_truth import (
+    LARGE,
+    TOLERANCE,
+    Setup,
+    assert_equals_alone,
+    build_setup,
+    loss_diff,
+    varlen_losses,
 )
 from train import linear_attention
 from train.attention import prepare_model_for_packing
-from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
-from train.encoder import PackEncoder
-from train.forward import packed_forward, packed_inputs
+from train.batch import PackedBatch, concat_batches
+from train.forward import packed_inputs
 from train.linear_attention import (
     CONV_FUNCTION,
     RULE_FUNCTION,
@@ -55,10 +50,6 @@ from train.linear_attention import (
     install_packed_linear_attention,
     linear_attention_layers,
 )
-from train.loss import per_token_losses, token_loss_sum
-
-TOLERANCE = 1e-5  # the issue's bound for losses (absolute) and gradients (rtol = atol) in fp32
-LARGE = 1e-2  # a mutation must move some per-token loss / layer output by 1000x the tolerance at least
 
 
 @contextlib.contextmanager
@@ -109,102 +100,73 @@ def long_memory(model: nn.Module) -> None:
             layer.A_log.copy_(torch.empty_like(layer.A_log).uniform_(0.01, 0.1, generator=generator).log())
 
 
-@dataclasses.dataclass
-class Setup:
-    model: nn.Module
-    samples: list
-    truth: Truth
-    encoder: PackEncoder
-    processor_dir: Path
+def prepare_long_memory(model: PreTrainedModel) -> None:
+    """The fixture's weights: load_model -> prepare_model_for_packing put the hooks in; long memory."""
+    assert [type(m).__name__ for m in linear_attention_layers(model)] == ["Qwen3_5GatedDeltaNet"]
+    long_memory(model)
+
+
+def own_reference(model: PreTrainedModel, samples: list[Sample]) -> Truth:
+    """The truth with transformers' own linear attention (the hooks taken out)."""
+    with unmodified_transformers(modeling_modules(model)):
+        return reference(model, samples)
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    torch.manual_seed(0)
-    family = make_family("qwen3_5", tmp_path_factory.mktemp("qwen3_5"))
-    processor = load_processor(str(family.processor_dir)).processor
-    samples = [process(processor, c) for c in CONVERSATIONS]
-    model = tiny_model(family)  # load_model -> prepare_model_for_packing: the hooks are in
-    assert [type(m).__name__ for m in linear_attention_layers(model)] == ["Qwen3_5GatedDeltaNet"]
-    long_memory(model)
-    with unmodified_transformers(modeling_modules(model)):
-        truth = reference(model, samples)
-    encoder = PackEncoder.from_pretrained(str(family.processor_dir), str(family.model_dir))
-    return Setup(model, samples, truth, encoder, family.processor_dir)
+    root = tmp_path_factory.mktemp("qwen3_5")
+    packs = {"A": CONVERSATIONS}
+    return build_setup("qwen3_5", root, packs, vision="visual", prepare=prepare_long_memory, truth=own_reference)
 
 
-def encode(setup: Setup, order: tuple[int, ...] = (0, 1, 2, 3), pad_to_multiple_of: int = 1) -> PackedBatch:
-    samples = [setup.samples[i] for i in order]
-    return setup.encoder.encode(pack_samples(samples, setup.processor_dir, pad_to_multiple_of=pad_to_multiple_of))
-
-
-def expected_row(setup: Setup, batch: PackedBatch, order: tuple[int, ...]) -> torch.Tensor:
-    truth = Truth([setup.truth.losses[i] for i in order], {})
-    return scatter_truth(truth, batch.cu_seqlens_padded, batch.num_tokens)
-
-
-@torch.no_grad()
-def loss_diff(setup: Setup, batch: PackedBatch, order: tuple[int, ...] = (0, 1, 2, 3)) -> float:
-    losses = per_token_losses(setup.model(**packed_inputs(setup.model, batch)).logits, batch.labels)
-    return float((losses.reshape(-1) - expected_row(setup, batch, order)).abs().max())
+def packed_diff(setup: Setup, batch: PackedBatch, order: tuple[int, ...] = (0, 1, 2, 3), **overrides: object) -> float:
+    """Largest |packed - alone| of the varlen path over a row of the samples in ``order``."""
+    truth = Truth([setup.truth["A"].losses[i] for i in order], {})
+    return loss_diff(truth, batch, varlen_losses(setup, batch, **overrides))
 
 
 @pytest.mark.parametrize("pad_to_multiple_of", [1, 16])
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multiple_of: int) -> None:
-    batch = encode(setup, pad_to_multiple_of=pad_to_multiple_of)
+    batch = setup.encode("A", pad_to_multiple_of)
     assert batch.position_ids.shape == (4, 1, batch.num_tokens)
     assert (batch.num_tokens > batch.num_real_tokens) == (pad_to_multiple_of > 1)
     assert batch.image_grid_thw.shape[0] == sum(len(c.image_sizes) for c in CONVERSATIONS) == 3
-
-    setup.model.zero_grad(set_to_none=True)
-    logits = packed_forward(setup.model, batch)
-    losses = per_token_losses(logits, batch.labels)
-    assert float((losses.detach().reshape(-1) - expected_row(setup, batch, (0, 1, 2, 3))).abs().max()) <= TOLERANCE
-    summed, count = token_loss_sum(logits, batch.labels)
-    assert count == sum(int((s.labels[0, 1:] != IGNORE_INDEX).sum()) for s in setup.samples)
-    summed.backward()
-    packed = grads_of(setup.model)
-    setup.model.zero_grad(set_to_none=True)
-    assert max_grad_error(packed, setup.truth.grads) <= TOLERANCE  # rtol = atol = 1e-5
+    packed = assert_equals_alone(setup, batch, "A")
     linear = [n for n in packed if ".linear_attn." in n]
     assert {n.rsplit(".", 2)[-2] for n in linear} >= {"conv1d", "in_proj_qkv", "out_proj"}
     assert all(float(packed[n].abs().max()) > 0 for n in linear if not n.endswith("dt_bias"))
-    assert any("visual" in n and float(g.abs().max()) > 0 for n, g in packed.items())
 
 
 def test_two_packs_per_micro_batch(setup: Setup) -> None:
     """``--packs-per-microbatch 2``: boundaries continue across the joined packs."""
-    first, second = encode(setup, (2, 0), pad_to_multiple_of=16), encode(setup, (1, 3))
+    first, second = setup.encode("A", 16, order=(2, 0)), setup.encode("A", order=(1, 3))
     batch = concat_batches([first, second], setup.encoder.joins)
-    assert loss_diff(setup, batch, (2, 0, 1, 3)) <= TOLERANCE
+    assert packed_diff(setup, batch, (2, 0, 1, 3)) <= TOLERANCE
 
 
 def test_mutation_conv_not_reset_mixes_samples(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    batch = encode(setup)
+    batch = setup.encode("A")
     monkeypatch.setattr(linear_attention, "segmentwise_conv1d", whole_row_conv)
-    assert loss_diff(setup, batch) > LARGE
+    assert packed_diff(setup, batch) > LARGE
 
 
 def test_mutation_state_not_reset_mixes_samples(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    batch = encode(setup)
+    batch = setup.encode("A")
     monkeypatch.setattr(linear_attention, "segmentwise_rule", whole_row_rule)
-    assert loss_diff(setup, batch) > LARGE
+    assert packed_diff(setup, batch) > LARGE
 
 
 def test_a_cache_in_the_packed_call_is_harmless(setup: Setup) -> None:
     """``use_cache=True`` (a fresh cache: per-sample final states are returned, no state is
     continued) computes the same packed losses; `packed_forward` still passes False."""
-    batch = encode(setup)
-    inputs = packed_inputs(setup.model, batch)
-    assert inputs["use_cache"] is False
-    with torch.no_grad():
-        losses = per_token_losses(setup.model(**(inputs | {"use_cache": True})).logits, batch.labels)
-    assert float((losses.reshape(-1) - expected_row(setup, batch, (0, 1, 2, 3))).abs().max()) <= TOLERANCE
+    batch = setup.encode("A")
+    assert packed_inputs(setup.model, batch)["use_cache"] is False
+    assert packed_diff(setup, batch, use_cache=True) <= TOLERANCE
 
 
 def test_unpacked_calls_are_transformers_own(setup: Setup) -> None:
     """Without boundaries the hooked functions pass the call through: bit-identical logits."""
-    sample = setup.samples[2]
+    sample = setup.samples["A"][2]
     inputs = {**sample.inputs, "attention_mask": torch.ones_like(sample.input_ids), "use_cache": False}
     with torch.no_grad():
         hooked = setup.model(**inputs).logits
