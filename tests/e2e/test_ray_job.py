@@ -52,6 +52,20 @@ def _wait_for_dashboard(port: int, head: subprocess.Popen, within_s: float = 120
     raise AssertionError(f"no dashboard on 127.0.0.1:{port} after {within_s} s")
 
 
+def _wait_for_job_agent(address: str, env: dict[str, str], within_s: float = 120.0) -> None:
+    """The dashboard port opens before the node's job agent registers ("No available agent to
+    submit job"): the cluster is ready for jobs once a no-op job runs to completion."""
+    deadline = time.monotonic() + within_s
+    noop = [*RAY, "job", "submit", "--address", address, "--", sys.executable, "-c", "pass"]
+    while time.monotonic() < deadline:
+        done = subprocess.run(noop, env=env, capture_output=True, text=True, timeout=120)
+        if done.returncode == 0:
+            return
+        assert "No available agent" in done.stderr + done.stdout, done.stderr[-3000:]
+        time.sleep(1.0)
+    raise AssertionError(f"no job agent on {address} after {within_s} s")
+
+
 @pytest.fixture()
 def head():
     """A one-node loopback cluster: ``(env for its clients, jobs address)``."""
@@ -68,6 +82,7 @@ def head():
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for_dashboard(dashboard, proc)
+        _wait_for_job_agent(f"http://127.0.0.1:{dashboard}", env)
         yield env, f"http://127.0.0.1:{dashboard}"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the head and everything it started, by our own group id
