@@ -8,13 +8,25 @@ Packers: ours (`plan_packs`: counting sort + BFD + shuffle, end to end), FFD, ne
 every packer alike. Targets (issue 3): ours within 0.01 % of LB2 on the lognormal and
 mixed sets, and no slower than 2x `numpy.argsort` of the same lengths. Times exclude
 numba compilation (every packer is warmed up on a small array first).
+
+    python benchmarks/bench_pack.py --memory 100000000
+
+``--memory N`` measures `plan_packs` alone on N lognormal lengths (int32, the tokenized
+``num_tokens`` column's type, generated in chunks so no float64 copy inflates the peak) in a
+fresh subprocess: peak RSS (``ru_maxrss``), RSS before the call (interpreter, numba and the
+lengths themselves), seconds and the ratio to `numpy.argsort` of the same array timed after
+the peak was read. Targets (issue 21): < 2 GB peak and <= 1x argsort at 100M.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import resource
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +43,8 @@ from prep.pack.verify import verify_plan
 Packer = Callable[[np.ndarray, int], int]
 BOUND_TARGET_PCT = 0.01
 ARGSORT_TARGET = 2.0
+MEMORY_TARGET_BYTES = 2 * 10**9
+MEMORY_ARGSORT_TARGET = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -182,6 +196,53 @@ def check_targets(results: list[tuple[list[Row], tuple[float, float]]]) -> None:
         )
 
 
+def chunked_lognormal(n: int, seed: int, chunk: int = 1 << 20) -> np.ndarray:
+    """`lognormal` lengths clipped to [16, 8192] as int32, built chunk by chunk (bounded temporaries)."""
+    rng, out = np.random.default_rng(seed), np.empty(n, np.int32)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        out[start:stop] = np.clip(lognormal(rng, stop - start), 16, 8192)
+    return out
+
+
+def rss_child(n: int, pack_size: int) -> None:
+    """In a fresh process: RSS before, peak RSS and seconds of `plan_packs`, then argsort's seconds."""
+    plan_packs(make_lengths("lognormal", 2000, seed=1), pack_size=pack_size)  # numba: compile or load once
+    lengths = chunked_lognormal(n, seed=0)
+    with open("/proc/self/statm") as statm:
+        before = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    start = time.perf_counter()
+    plan = plan_packs(lengths, pack_size=pack_size, seed=0)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    packs, lb2 = plan.num_packs, plan.lb2
+    del plan
+    start = time.perf_counter()
+    np.argsort(lengths)
+    argsort_s = time.perf_counter() - start
+    print(
+        json.dumps(
+            {"before": before, "peak": peak, "seconds": seconds, "argsort": argsort_s, "packs": packs, "lb2": lb2}
+        )
+    )
+
+
+def memory_case(n: int, pack_size: int) -> None:
+    out = subprocess.run(
+        [sys.executable, __file__, "--rss-child", str(n), str(pack_size)], check=True, capture_output=True, text=True
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    gap = 100.0 * (got["packs"] - got["lb2"]) / got["lb2"]
+    ratio = got["seconds"] / got["argsort"]
+    verdict = "PASS" if got["peak"] < MEMORY_TARGET_BYTES and ratio <= MEMORY_ARGSORT_TARGET else "FAIL"
+    print(
+        f"plan_packs n={n:,} C={pack_size} int32: peak RSS {got['peak'] / 1e9:.2f} GB (before the call "
+        f"{got['before'] / 1e9:.2f} GB: interpreter, numba, lengths), {got['seconds']:.2f} s = {ratio:.2f}x argsort "
+        f"({got['argsort']:.2f} s), {gap:.4f} % over LB2 -> {verdict} (< {MEMORY_TARGET_BYTES / 1e9:.0f} GB, "
+        f"<= {MEMORY_ARGSORT_TARGET:.0f}x argsort)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
@@ -195,7 +256,17 @@ def main() -> None:
         help="run windowed/heap baselines only up to this many samples",
     )
     parser.add_argument("--quick", action="store_true", help="100k samples, one repeat")
+    parser.add_argument("--memory", type=int, nargs="+", help="peak RSS of plan_packs at these sizes, then exit")
+    parser.add_argument("--rss-child", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rss_child:
+        rss_child(*args.rss_child)
+        return
+    if args.memory:
+        print_machine()
+        for n in args.memory:
+            memory_case(n, args.pack_sizes[-1])
+        return
     sizes, repeats = ([100_000], 1) if args.quick else (args.sizes, args.repeats)
     print_machine()
     warm_up()
