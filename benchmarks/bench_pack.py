@@ -3,9 +3,13 @@
     python benchmarks/bench_pack.py --sizes 1000000 10000000 --pack-sizes 4096 8192
 
 Packers: ours (`plan_packs`: counting sort + BFD + shuffle, end to end), FFD, next fit
-(input order), windowed FFD (1,000 samples, LLaMA-Factory/TRL) and heap worst fit at a
-0.9 capacity ratio (NeMo Automodel). Samples longer than the pack size are dropped for
-every packer alike. Targets (issue 3): ours within 0.01 % of LB2 on the lognormal and
+(input order), windowed FFD (1,000 samples, LLaMA-Factory/TRL) and NeMo Automodel's heap
+worst fit at its default ``packing_ratio`` 1.0 (and at 0.9, an option a user may set), both
+re-implemented here in numba (NeMo is not installed). At 1.0 NeMo's whole-dataset greedy
+gives our pack count: the differences are speed (NeMo's own Python code took 153 s at 10M
+on this machine, ~30x ours; the numba rows time the algorithm, not NeMo's code) and that we
+pack exact token counts where NeMo packs estimated ones. Samples longer than the pack size
+are dropped for every packer alike. Targets (issue 3): ours within 0.01 % of LB2 on the lognormal and
 mixed sets, and no slower than 2x `numpy.argsort` of the same lengths. Times exclude
 numba compilation (every packer is warmed up on a small array first).
 
@@ -106,8 +110,16 @@ PACKERS: dict[str, Packer] = {
     "FFD": lambda x, c: ffd_pack(x, c)[1],
     "next fit": lambda x, c: next_fit_pack(x, c)[1],
     "windowed FFD 1k": lambda x, c: windowed_ffd_pack(x, c, 1000)[1],
-    "heap worst fit 0.9": lambda x, c: heap_worst_fit_pack(x, c, 0.9)[1],
+    "NeMo heap WF 1.0": lambda x, c: heap_worst_fit_pack(x, c, 1.0)[1],  # NeMo Automodel's default ratio
+    "NeMo heap WF 0.9": lambda x, c: heap_worst_fit_pack(x, c, 0.9)[1],  # a user's option, not the default
 }
+SLOW = {"windowed FFD 1k", "NeMo heap WF 1.0", "NeMo heap WF 0.9"}
+HONEST_NOTE = (
+    "NeMo Automodel's default packing_ratio is 1.0: its whole-dataset greedy then packs as tightly as ours. "
+    "What differs is speed (its rows here are our numba re-implementation of its algorithm; NeMo's own Python "
+    "code took 153 s at 10M on this machine, ~30x ours) and counts: we pack exact token counts (the real "
+    "processor's), NeMo packs estimated ones. Its 0.9 row is an option a user sets, not its default."
+)
 
 
 def best_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
@@ -274,7 +286,7 @@ def main() -> None:
     for n in sizes:
         skip = set()
         if args.slow_max is not None and n > args.slow_max:
-            skip = {"windowed FFD 1k", "heap worst fit 0.9"}
+            skip = SLOW
             print(f"\nNOTE: n={n:,} > --slow-max {args.slow_max:,}: skipping {sorted(skip)}")
         for name in args.datasets:
             for pack_size in args.pack_sizes:
@@ -282,6 +294,7 @@ def main() -> None:
                 print_case(rows, sorts, dropped)
                 results.append((rows, sorts))
     check_targets(results)
+    print(f"\nnote: {HONEST_NOTE}")
 
 
 if __name__ == "__main__":
