@@ -14,7 +14,9 @@ fsynced before its rename), after an ``os.sync()`` so earlier dirty pages do not
 
 ``--profile`` adds one more shard run under cProfile and prints where the main thread's time
 went (writes, fsync, waiting for the writer thread, media reads, tar headers, JSON, npy,
-hashing, read-back, other Python).
+hashing, read-back, other Python). cProfile sees only the main thread: since the tar writer
+thread reads the media and writes the members, its work shows as "waiting for the writer
+thread" when it is the bottleneck (as a plain copy would be).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ TARGET = 0.85
 CATEGORIES = (  # (label, substrings of "file:function" in a cProfile entry), first match wins
     ("writes (writev/write)", ("posix.writev", "posix.write")),
     ("fsync", ("posix.fsync",)),
-    ("waiting for the writer thread", ("_thread.lock",)),
+    ("waiting for the writer thread (reads, writes)", ("_thread.lock",)),
     (
         "media reads (file, LMDB)",
         ("BufferedReader", "Transaction", "io.open", "pathlib", "media.py:", "read.py:read_media"),
@@ -195,7 +197,7 @@ def profile_shards(packed: Path) -> None:
     whole = sum(totals.values())
     print(f"profile of one shard run ({whole:.2f} s on the main thread, under cProfile):")
     for label, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
-        print(f"  {label:36s} {seconds:6.3f} s  {seconds / whole:6.1%}")
+        print(f"  {label:46s} {seconds:6.3f} s  {seconds / whole:6.1%}")
 
 
 def main() -> None:

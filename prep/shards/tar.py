@@ -2,9 +2,10 @@
 
 `tarfile.TarFile.addfile` copies through 16 KiB buffers and builds headers slowly; we write
 our fixed-metadata headers, payloads and padding with ``writev`` (no copy of the payloads)
-on a writer thread, so reading and encoding the next pack overlaps the page-cache copy of
-this one, and start the disk writeback of every 16 MiB at once (``sync_file_range``), so
-the ``fsync`` before the rename finds little left to flush. Profile of a 400 MB shard run
+on a writer thread, which also reads the media, so building the next pack's metadata
+overlaps the reads and page-cache copies of this one, and start the disk writeback of every
+16 MiB at once (``sync_file_range``), so the ``fsync`` before the rename finds little left
+to flush. Profile of a 400 MB shard run
 before these two changes: 0.26 s in ``writev`` and 0.17 s in ``fsync`` serialised with
 0.4 s of reading and encoding (`benchmarks/bench_shards.py --profile`).
 `iter_pack_metas` reads the json members back for the conservation check.
@@ -26,7 +27,8 @@ from schemas.packed import META_MEMBER, TAR_MODE, TAR_MTIME
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
-Member = tuple[str, bytes | memoryview]
+Payload = bytes | memoryview
+Member = tuple[str, Payload | Callable[[], Payload]]  # a callable is read on the writer thread
 IOV_MAX = 1024  # Linux's limit on buffers per writev
 QUEUE_DEPTH = 8  # packs read ahead of the writer thread
 FLUSH_BYTES = 16 * 2**20  # start writeback of every 16 MiB written
@@ -56,7 +58,7 @@ def ustar_header(name: str, size: int) -> bytes:
     return (head + b"%06o\0 " % checksum + tail).ljust(BLOCK, b"\0")
 
 
-def member_parts(name: str, data: bytes | memoryview) -> list[bytes | memoryview]:
+def member_parts(name: str, data: Payload) -> list[Payload]:
     """Header, payload (not copied) and zero padding of one regular-file member."""
     return [ustar_header(name, len(data)), data, b"\0" * (-len(data) % BLOCK)]
 
@@ -67,7 +69,7 @@ def end_of_archive(size: int) -> bytes:
     return b"\0" * (end + -(size + end) % RECORD)
 
 
-def _writev_all(fd: int, parts: list[bytes | memoryview]) -> None:
+def _writev_all(fd: int, parts: list[Payload]) -> None:
     """``writev`` in runs of at most IOV_MAX buffers, finishing short writes plainly."""
     for start in range(0, len(parts), IOV_MAX):
         run = parts[start : start + IOV_MAX]
@@ -98,44 +100,59 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 
 class BackgroundWriter:
-    """Writes buffer lists to a file descriptor on its own thread, in submission order.
+    """Writes tar members to a file descriptor on its own thread, in submission order.
 
-    ``writev`` and ``fsync`` release the GIL, so the page-cache copies and the disk flush
-    of one pack overlap with reading and encoding the next (the shard writer's CPU work
-    otherwise serialises with its I/O). At most ``depth`` packs wait in the queue; an error
-    on the thread is raised by the next `put` or by `close`.
+    A member's payload may be a callable (a media read): the thread calls it, so the media
+    reads and page-cache copies (``read``, ``writev``: they release the GIL) run beside the
+    caller building the next pack's metadata, and the thread does what a plain copy does
+    while the caller's Python work hides behind it. At most ``depth`` packs wait in the
+    queue; an error on the thread (a vanished media file, a full disk) is raised by the next
+    `put` or by `close`.
     """
 
     def __init__(self, fd: int, depth: int = QUEUE_DEPTH) -> None:
         self._fd = fd
-        self._queue: queue.Queue[list[bytes | memoryview] | None] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[list[Member] | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self.bytes_written = 0
         self._thread = threading.Thread(target=self._run, name="tar-writer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        flushed = written = 0
-        while (parts := self._queue.get()) is not None:
+        flushed = 0
+        while (members := self._queue.get()) is not None:
             if self._error is None:  # after an error keep draining so `put` never blocks forever
                 try:
-                    _writev_all(self._fd, parts)
-                    written += sum(len(p) for p in parts)
-                    if written - flushed >= FLUSH_BYTES:
-                        start_writeback(self._fd, flushed, written - flushed)
-                        flushed = written
+                    self._write(members)
+                    if self.bytes_written - flushed >= FLUSH_BYTES:
+                        start_writeback(self._fd, flushed, self.bytes_written - flushed)
+                        flushed = self.bytes_written
                 except BaseException as exc:  # re-raised on the caller's thread
                     self._error = exc
+        if self._error is None:
+            try:
+                self._write_parts([end_of_archive(self.bytes_written)])
+            except BaseException as exc:
+                self._error = exc
 
-    def put(self, parts: list[bytes | memoryview]) -> None:
-        """Queue buffers to write after everything queued before."""
+    def _write(self, members: list[Member]) -> None:
+        parts: list[bytes | memoryview] = []
+        for name, data in members:
+            parts += member_parts(name, data() if callable(data) else data)
+        self._write_parts(parts)
+
+    def _write_parts(self, parts: list[bytes | memoryview]) -> None:
+        _writev_all(self._fd, parts)
+        self.bytes_written += sum(len(p) for p in parts)
+
+    def put(self, members: list[Member]) -> None:
+        """Queue members to write, in this order, after everything queued before."""
         if self._error is not None:
             raise self._error
-        self.bytes_written += sum(len(p) for p in parts)
-        self._queue.put(parts)
+        self._queue.put(members)
 
     def close(self) -> None:
-        """Wait for every queued write; raise the thread's error, if any."""
+        """End the archive after every queued member; raise the thread's error, if any."""
         self._queue.put(None)
         self._thread.join()
         if self._error is not None:
@@ -152,10 +169,7 @@ def write_tar_atomic(path: Path, samples: Iterable[list[Member]]) -> int:
         writer = BackgroundWriter(fh.fileno())
         try:
             for members in samples:
-                writer.put(
-                    [part for name, data in sorted(members, key=lambda m: m[0]) for part in member_parts(name, data)]
-                )
-            writer.put([end_of_archive(writer.bytes_written)])
+                writer.put(sorted(members, key=lambda m: m[0]))
         finally:
             writer.close()
         os.fsync(fh.fileno())  # data on disk before the name: a crash never leaves a short shard
