@@ -5,12 +5,15 @@ Both paths see the same generated image-heavy samples in the same run:
   reference  decode every image (transformers.load_image) + processor(text, images), which is
              what pipelines that "count by processing" do
 It prints samples/s of each, the ratio, and mismatches (ours vs reference input_ids; must be 0),
-then the whole stage under --executor local vs Ray on this machine. ``--family`` repeats the
+then the whole stage under --executor auto (the default), local, and Ray at 1 and 2 actors on
+this machine, each in a fresh process: rows/s (start-up included) and peak PSS of the process
+tree (driver plus every Ray process; shared pages counted once). ``--family`` repeats the
 comparison for example processors of other families (``prep example --family`` choices, or
 ``all``) and ends with one table row per family.
 
     python benchmarks/bench_tokenize.py --num-samples 200
     python benchmarks/bench_tokenize.py --family all --num-samples 40 --skip-executors
+    python benchmarks/bench_tokenize.py --executors-only --num-samples 400 --actors 1 2
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 from PIL import Image
 
 SIZES = [(640, 480), (1024, 768), (1280, 720), (1920, 1080), (800, 1200), (2048, 1536)]
@@ -106,23 +110,86 @@ def compare_paths(config_path: Path, processor_dir: Path) -> PathComparison:
     return PathComparison(samples=n, ours_per_s=n / t_ours, reference_per_s=n / t_ref, mismatches=mismatches)
 
 
-def compare_executors(config_path: Path, processor_dir: Path, root: Path) -> None:
-    from prep.run import ExecutorConfig
-    from prep.tokenize.stage import TokenizeConfig, run_tokenize
+EXECUTOR_CHILD = """
+import sys, time
+from prep.run import ExecutorConfig
+from prep.tokenize.stage import TokenizeConfig, run_tokenize
+config, processor, out, executor, workers = sys.argv[1:6]
+start = time.perf_counter()
+manifest = run_tokenize(TokenizeConfig(
+    dataset_config=config, processor=processor, output_dir=out, rows_per_chunk=int(sys.argv[6]),
+    executor=ExecutorConfig(executor=executor, num_workers=int(workers) or None),
+))
+print("ROWS", manifest.rows.samples, time.perf_counter() - start)
+"""
 
-    for executor in ("local", "ray"):
-        cfg = TokenizeConfig(
-            dataset_config=str(config_path),
-            processor=str(processor_dir),
-            output_dir=str(root / f"out-{executor}"),
-            executor=ExecutorConfig(executor=executor),
-            rows_per_chunk=25,
+
+def tree_pss(root: psutil.Process) -> int:
+    """Proportional set size of a process and its descendants (shared pages counted once in total)."""
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+@dataclass(frozen=True)
+class ExecutorRun:
+    label: str
+    rows: int
+    seconds: float  # the stage call, start-up included
+    wall_s: float  # the whole process: imports, Ray start and shutdown
+    peak_pss: int
+
+
+def run_executor(config: Path, processor: Path, out: Path, executor: str, workers: int, chunk: int) -> ExecutorRun:
+    """The stage in a fresh process; memory = peak PSS of the process tree, sampled every 0.1 s."""
+    import subprocess
+    import sys
+
+    args = [str(config), str(processor), str(out), executor, str(workers), str(chunk)]
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", EXECUTOR_CHILD, *args], stdout=subprocess.PIPE, text=True)
+    root, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        peak = max(peak, tree_pss(root))
+        time.sleep(0.1)
+    wall = time.perf_counter() - start
+    stdout = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode:
+        raise RuntimeError(f"{executor} run failed ({proc.returncode})")
+    rows, seconds = next(line.split()[1:] for line in stdout.splitlines() if line.startswith("ROWS"))
+    label = executor if executor != "ray" else f"ray, {workers or 'default'} actor(s)"
+    return ExecutorRun(label=label, rows=int(rows), seconds=float(seconds), wall_s=wall, peak_pss=peak)
+
+
+def compare_executors(
+    config_path: Path, processor_dir: Path, root: Path, actors: list[int], chunk: int, repeats: int
+) -> None:
+    """`prep tokenize` under auto (the default), local and Ray at each actor count, each in a fresh process."""
+    from prep.run import ExecutorConfig, resolve_executor
+
+    choice = resolve_executor(ExecutorConfig(), num_tasks=2)
+    print(f"\nauto picks {choice.name} here ({choice.reason})")
+    plan = [("local", 0), ("auto", 0), *(("ray", n) for n in actors)]
+    best: dict[tuple[str, int], ExecutorRun] = {}
+    for r in range(repeats):  # interleaved, best rows/s of each: the machine may be shared
+        for executor, n in plan:
+            run = run_executor(config_path, processor_dir, root / f"out-{executor}{n}-{r}", executor, n, chunk)
+            if (executor, n) not in best or run.seconds < best[executor, n].seconds:
+                best[executor, n] = run
+    runs = [best[key] for key in plan]
+    local = runs[0]
+    print("| executor | rows/s (stage, start-up incl.) | x local | stage s | process s | peak PSS (tree) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in runs:
+        rate = r.rows / r.seconds
+        print(
+            f"| {r.label} | {rate:.1f} | {rate / (local.rows / local.seconds):.2f} | {r.seconds:.1f} | "
+            f"{r.wall_s:.1f} | {r.peak_pss / 1e9:.2f} GB |"
         )
-        t0 = time.perf_counter()
-        manifest = run_tokenize(cfg)
-        dt = time.perf_counter() - t0
-        rate = manifest.rows.samples / dt
-        print(f"stage --executor {executor:5s}: {rate:8.1f} samples/s ({dt:.1f} s incl. startup)")
 
 
 def main() -> None:
@@ -132,6 +199,10 @@ def main() -> None:
     parser.add_argument("--num-samples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-executors", action="store_true")
+    parser.add_argument("--executors-only", action="store_true", help="skip the closed form vs processor comparison")
+    parser.add_argument("--actors", type=int, nargs="+", default=[1, 2], help="Ray actor counts to compare")
+    parser.add_argument("--rows-per-chunk", type=int, default=25, help="rows per tokenize task")
+    parser.add_argument("--repeats", type=int, default=2, help="executor runs per setting (best kept)")
     parser.add_argument(
         "--family",
         nargs="+",
@@ -146,12 +217,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         config = make_dataset(root, args.num_samples, args.seed)
-        for family in families:
+        for family in [] if args.executors_only else families:
             print(f"\n== {family} ==")
             processor = example_family(family).build_processor(root / f"processor-{family}")
             rows.append((family, compare_paths(config, processor)))
         if not args.skip_executors:
-            compare_executors(config, example_family(families[0]).build_processor(root / "processor"), root)
+            processor = example_family(families[0]).build_processor(root / "processor")
+            compare_executors(config, processor, root, args.actors, args.rows_per_chunk, args.repeats)
+    if not rows:
+        return
     print("\n| family | closed form samples/s | real processor samples/s | speed-up | mismatches |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for family, r in rows:

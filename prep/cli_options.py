@@ -45,7 +45,9 @@ def executor_options(func: F) -> F:
         default=default_of(ExecutorConfig, "executor"),
         show_default=True,
         callback=build,
-        help="ray: tasks on a Ray actor pool (a cluster via --ray-address/RAY_ADDRESS); local: in this process.",
+        help="auto: Ray when a cluster address is given or the machine has >= 4 CPUs and there are >= 2 tasks, "
+        "else local (the choice is printed); ray: tasks on a Ray actor pool (a cluster via "
+        "--ray-address/RAY_ADDRESS, else an embedded Ray); local: in this process.",
     )(func)
     func = click.option(
         "--num-workers", type=click.IntRange(min=1), default=None, is_eager=True, help="Ray actors (default: CPUs - 1)."

@@ -19,9 +19,11 @@ class PackAssignment:
         max_samples_per_pack: Cap on samples per pack, or None.
         seed: Seed of the pack-order shuffle.
         pack_offsets: CSR offsets into `item_order`, length num_packs + 1.
-        item_order: Sample indices, pack by pack, longest slot first within a pack.
+        item_order: Sample indices, pack by pack, longest slot first within a pack (int32 below
+            2^31 samples: at 100M samples every byte per sample is 100 MB).
         oversize: Ascending indices of samples whose slot exceeds `pack_size`.
-        slot_lengths: Slot length of every input sample (oversize ones included).
+        slot_lengths: Slot length of every input sample (oversize ones included); with no
+            padding, a read-only view of the caller's lengths, not a copy.
         num_packs: Packs in the plan.
         lb2: Martello-Toth L2 lower bound on packs (raised to ceil(n / cap) under a cap).
         num_tokens: Real tokens of the packed samples.

@@ -8,7 +8,8 @@ Each takes lengths in input order and returns (pack id per sample, number of pac
 - `windowed_ffd_pack`: FFD inside consecutive windows of input order (LLaMA-Factory, TRL
   pack a buffer of ~1,000 samples at a time); packs never span windows.
 - `heap_worst_fit_pack`: NeMo Automodel's greedy knapsack: longest first, into the
-  least-filled pack if it fits there, else a new pack; capacity scaled by a ratio (0.9).
+  least-filled pack if it fits there, else a new pack; capacity scaled by its
+  ``packing_ratio`` (default 1.0, where it gives our pack count; 0.9 is a user's choice).
 
 Example, capacity 10, lengths [6, 5, 4, 5]: FFD -> [6, 4] [5, 5] (2 packs); next fit ->
 [6] [5, 4] [5] (3 packs).
@@ -154,7 +155,7 @@ def _heap_worst_fit(sizes: np.ndarray, limit: int) -> tuple[np.ndarray, int]:
     return pack_of, num
 
 
-def heap_worst_fit_pack(lengths: np.ndarray, capacity: int, capacity_ratio: float = 0.9) -> tuple[np.ndarray, int]:
+def heap_worst_fit_pack(lengths: np.ndarray, capacity: int, capacity_ratio: float = 1.0) -> tuple[np.ndarray, int]:
     """Worst fit decreasing with a min-heap on fill, packing to capacity_ratio x capacity.
 
     Samples longer than the scaled capacity (but within `capacity`) get a pack each, so the

@@ -26,19 +26,30 @@ def lower_bound_l2(lengths: np.ndarray, capacity: int) -> int:
     Raises:
         ValueError: A length lies outside [1, capacity].
     """
-    sizes = np.asarray(lengths, dtype=np.int64)
+    sizes = np.asarray(lengths)
     if sizes.size == 0:
         return 0
     if sizes.min() < 1 or sizes.max() > capacity:
         raise ValueError(f"lengths must lie in [1, {capacity}] for a lower bound")
+    return lower_bound_l2_counts(np.bincount(sizes, minlength=capacity + 1), capacity)
+
+
+def lower_bound_l2_counts(hist: np.ndarray, capacity: int) -> int:
+    """`lower_bound_l2` from ``hist[v]`` = number of lengths equal to v (v in 0..capacity, hist[0] = 0).
+
+    The packer has this histogram already (its counting sort), so the bound costs O(C), not O(n).
+    """
     c, half = capacity, capacity // 2
-    hist = np.bincount(sizes, minlength=c + 1)
+    hist = np.asarray(hist, dtype=np.int64)[: c + 1]
     count_le = np.cumsum(hist)
+    if count_le[-1] == 0:
+        return 0
     sum_le = np.cumsum(hist * np.arange(c + 1, dtype=np.int64))
     alpha = np.arange(half + 1)
-    n_j1 = sizes.size - count_le[c - alpha]
+    n_j1 = count_le[c] - count_le[c - alpha]
     n_j2 = count_le[c - alpha] - count_le[half]
     sum_j2 = sum_le[c - alpha] - sum_le[half]
     sum_j3 = sum_le[half] - np.where(alpha > 0, sum_le[np.maximum(alpha - 1, 0)], 0)
     spill = np.maximum(0, -(-(sum_j3 - (n_j2 * c - sum_j2)) // c))
-    return int(max(lower_bound_l1(sizes, c), (n_j1 + n_j2 + spill).max()))
+    l1 = -(-int(sum_le[c]) // c)
+    return int(max(l1, (n_j1 + n_j2 + spill).max()))

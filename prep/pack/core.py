@@ -11,6 +11,13 @@ best-fit decreasing puts each slot into the open pack with the least room that s
 (ties: the pack touched most recently), found in O(log C) by a segment tree over remaining
 room; the pack order is then shuffled by seed (BFD emits packs grouped by length).
 
+Memory (issue 21): the sorted order is never stored. A histogram of slot sizes drives BFD
+run by run (equal sizes need a tree search only when their best-fit stack runs dry), BFD
+writes one pack id per sorted position (int32 below 2^31 samples), and a last pass over the
+samples in index order replays the counting sort's positions to scatter each index to its
+place. Peak beyond the caller's lengths: two int32 arrays of n plus per-pack arrays; 100M
+lengths plan in ~1.5 GB peak RSS, int32 lengths included (`benchmarks/bench_pack.py --memory`).
+
 Worked example, pack_size=1000, seed=0::
 
     index   0    1    2    3    4    5    6    7
@@ -29,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from prep.pack.assignment import PackAssignment
-from prep.pack.bounds import lower_bound_l2
+from prep.pack.bounds import lower_bound_l2_counts
 from schemas.plan import slot_tokens
 
 
@@ -91,67 +98,121 @@ def _tree_first_at_least(tree: np.ndarray, base: int, leaf: int) -> int:
 
 
 @njit(cache=True)
-def bfd_pack(sizes: np.ndarray, capacity: int, max_items: int) -> tuple[np.ndarray, int]:
-    """Best fit over `sizes` in the given order (non-increasing gives BFD); O(n log C).
+def _unit_counts(lengths: np.ndarray, unit: int, capacity: int) -> np.ndarray:
+    """``counts[u]``: samples of slot ``u`` units (u in 1..capacity); ``counts[capacity + 1]``: oversize."""
+    counts = np.zeros(capacity + 2, np.int64)
+    for length in lengths:
+        counts[min((length + unit - 1) // unit, capacity + 1)] += 1
+    return counts
+
+
+@njit(cache=True)
+def _bfd_runs(
+    counts: np.ndarray, capacity: int, max_items: int, max_packs: int, pack_of: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """Best-fit decreasing over runs of equal sizes (``counts[s]`` items of size s, s = C..1).
 
     Open packs sit in stacks keyed by exact remaining room; a segment tree counting
-    non-empty stacks finds the smallest room >= size. A pack that is full or holds
-    `max_items` items closes.
+    non-empty stacks finds the smallest room >= size. Within a run the next item's room is
+    known without a search: the room just left if it still fits the size, else the same
+    stack while it is not empty; the tree is searched only when that stack runs dry. A pack
+    that is full or holds `max_items` items closes. Writes ``pack_of[k]``, the pack (ids in
+    order of opening) of the k-th item in decreasing order, ties by index.
 
     Returns:
-        Pack id of each position (ids in order of opening) and the number of packs.
+        Items per pack, and the number of packs.
     """
-    n = sizes.size
     base = 1
     while base < capacity + 1:
         base <<= 1
     tree = np.zeros(2 * base, np.int32)
-    head = np.full(capacity + 1, -1, np.int64)
-    below = np.empty(n, np.int64)
-    count = np.zeros(n, np.int64)
-    pack_of = np.empty(n, np.int64)
+    head = np.full(capacity + 1, -1, pack_of.dtype)
+    below = np.empty(max_packs, pack_of.dtype)
+    count = np.zeros(max_packs, np.int32)
     num = 0
-    for k in range(n):
-        s = sizes[k]
-        if s < 1 or s > capacity:
-            raise ValueError("bfd_pack: every size must lie in [1, capacity]")
+    k = 0
+    for s in range(capacity, 0, -1):
+        if counts[s] == 0:
+            continue
         room = _tree_first_at_least(tree, base, s)
-        if room < 0:
-            b = num
-            num += 1
-            room = capacity
-        else:
-            b = head[room]
-            head[room] = below[b]
-            if head[room] < 0:
-                _tree_add(tree, base, room, -1)
-        room -= s
-        count[b] += 1
-        pack_of[k] = b
-        if room > 0 and count[b] < max_items:
-            below[b] = head[room]
-            head[room] = b
-            if below[b] < 0:
-                _tree_add(tree, base, room, 1)
-    return pack_of, num
+        for _ in range(counts[s]):
+            if room < 0:
+                if num == max_packs:
+                    raise ValueError("_bfd_runs: more packs than the any-fit bound; a bug")
+                b = num
+                num += 1
+                left = capacity - s
+            else:
+                b = head[room]
+                head[room] = below[b]
+                if head[room] < 0:
+                    _tree_add(tree, base, room, -1)
+                left = room - s
+            count[b] += 1
+            pack_of[k] = b
+            k += 1
+            pushed = left > 0 and count[b] < max_items
+            if pushed:
+                below[b] = head[left]
+                head[left] = b
+                if below[b] < 0:
+                    _tree_add(tree, base, left, 1)
+            if pushed and left >= s:  # below every other room that fits: the new best fit
+                room = left
+            elif room >= 0 and head[room] < 0:  # the best-fit stack ran dry: next room up
+                room = _tree_first_at_least(tree, base, room + 1) if room < capacity else -1
+    return count[:num], num
 
 
 @njit(cache=True)
-def _group_by_pack(pack_of: np.ndarray, rank: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """CSR of `items` by output pack `rank[pack_of]`, stable, in one pass: offsets, items."""
-    num = rank.size
-    offsets = np.zeros(num + 1, np.int64)
-    for b in pack_of:
-        offsets[rank[b] + 1] += 1
-    for p in range(num):
-        offsets[p + 1] += offsets[p]
+def _pack_media_loads(
+    lengths: np.ndarray, unit: int, capacity: int, starts: np.ndarray, pack_of: np.ndarray, media: np.ndarray, num: int
+) -> np.ndarray:
+    """Media tokens per pack (float64 sums of integers: exact in any order)."""
+    cursor = starts.copy()
+    loads = np.zeros(num, np.float64)
+    for i in range(lengths.size):
+        u = min((lengths[i] + unit - 1) // unit, capacity + 1)
+        if u <= capacity:
+            loads[pack_of[cursor[u]]] += media[i]
+            cursor[u] += 1
+    return loads
+
+
+@njit(cache=True)
+def _place(
+    lengths: np.ndarray,
+    unit: int,
+    capacity: int,
+    starts: np.ndarray,
+    pack_of: np.ndarray,
+    rank: np.ndarray,
+    offsets: np.ndarray,
+    oversize: np.ndarray,
+) -> np.ndarray:
+    """Sample indices pack by pack (packs in `rank` order; inside a pack in decreasing order,
+    ties by index) without materialising the sorted order: ``pack_of`` becomes each sorted
+    position's destination in place, then a pass over samples in index order revisits the
+    counting sort's positions (``starts``: first sorted position of each size) and scatters.
+    Fills ``oversize`` (ascending) on the way.
+    """
     cursor = offsets[:-1].copy()
-    grouped = np.empty(items.size, np.int64)
-    for k in range(items.size):
+    for k in range(pack_of.size):
         p = rank[pack_of[k]]
-        grouped[cursor[p]] = items[k]
+        pack_of[k] = cursor[p]
         cursor[p] += 1
-    return offsets, grouped
+    items = np.empty(pack_of.size, pack_of.dtype)
+    position = starts.copy()
+    n_over = 0
+    for i in range(lengths.size):
+        u = min((lengths[i] + unit - 1) // unit, capacity + 1)
+        if u > capacity:
+            oversize[n_over] = i
+            n_over += 1
+        else:
+            items[pack_of[position[u]]] = i
+            position[u] += 1
+    return items
 
 
 def _pack_sequence(num: int, loads: np.ndarray | None, group_size: int, rng: np.random.Generator) -> np.ndarray:
@@ -191,7 +252,8 @@ def plan_packs(
     """Plan packs for all samples at once; same inputs and options give the same plan.
 
     Args:
-        lengths: Tokens per sample (>= 1), e.g. a `num_tokens` column.
+        lengths: Tokens per sample (>= 1), e.g. a `num_tokens` column; any integer dtype, never
+            copied (int32 takes half the memory of int64).
         pack_size: Tokens per pack.
         max_samples_per_pack: Optional cap on samples per pack (a full pack closes).
         pad_to_multiple_of: Each slot is the length rounded up to this (context parallelism).
@@ -210,30 +272,42 @@ def plan_packs(
         pad_to_multiple_of=pad_to_multiple_of,
         media_group_size=media_group_size,
     )
-    lengths = np.array(lengths, dtype=np.int64)
+    lengths = np.asarray(lengths)
+    if lengths.dtype.kind not in "iu":
+        lengths = lengths.astype(np.int64)
     if lengths.ndim != 1 or (lengths.size and lengths.min() < 1):
         raise ValueError("lengths must be a 1-D array of integers >= 1")
     if balance_media and (media_tokens is None or np.shape(media_tokens) != lengths.shape):
         raise ValueError("balance_media needs media_tokens with one entry per sample")
     unit = int(pad_to_multiple_of)
-    units = lengths if unit == 1 else slot_tokens(lengths, unit) // unit
     capacity = int(pack_size) // unit
-    n_over = int(np.count_nonzero(units > capacity))
-    keys = np.minimum(units, capacity + 1) if n_over else units
-    order, sorted_units = _counting_sort_desc(keys, capacity + 1)
-    oversize = np.sort(order[:n_over])
-    sorted_idx, fit_units = order[n_over:], sorted_units[n_over:]
-    cap = int(max_samples_per_pack or fit_units.size + 1)
-    pack_of, num = bfd_pack(fit_units, capacity, cap)
-    media = np.asarray(media_tokens, dtype=np.float64)[sorted_idx] if balance_media else None
-    loads = None if media is None else np.bincount(pack_of, weights=media, minlength=num)
+    counts = _unit_counts(lengths, unit, capacity)
+    n_over = int(counts[capacity + 1])
+    n_fit = lengths.size - n_over
+    sizes = np.arange(capacity + 1, dtype=np.int64)
+    fit_units = int(counts[: capacity + 1] @ sizes)
+    cap = int(max_samples_per_pack or n_fit + 1)
+    index = np.int32 if lengths.size < 2**31 else np.int64
+    max_packs = min(n_fit, n_fit // cap + 2 * fit_units // max(capacity, 1) + 2)  # any-fit: <= 1 pack half empty
+    pack_of = np.empty(n_fit, index)
+    per_pack, num = _bfd_runs(counts, capacity, cap, max_packs, pack_of)
+    starts = np.zeros(capacity + 2, np.int64)  # first sorted position of each size, sizes descending
+    starts[1 : capacity + 1] = np.cumsum(counts[capacity:0:-1])[::-1] - counts[1 : capacity + 1]
+    loads = None
+    if balance_media:
+        media = np.asarray(media_tokens, dtype=np.float64)
+        loads = _pack_media_loads(lengths, unit, capacity, starts, pack_of, media, num)
     sequence = _pack_sequence(num, loads, int(media_group_size), np.random.default_rng(seed))
-    rank = np.empty(num, np.int64)
+    rank = np.empty(num, index)
     rank[sequence] = np.arange(num)
-    offsets, item_order = _group_by_pack(pack_of, rank, sorted_idx)
-    slot_lengths = units * unit if unit > 1 else lengths
-    lb2 = max(lower_bound_l2(fit_units, capacity), -(-fit_units.size // cap))
-    num_tokens = int(lengths.sum() - lengths[oversize].sum())
+    offsets = np.zeros(num + 1, np.int64)
+    np.cumsum(per_pack[sequence], out=offsets[1:])
+    del sequence, per_pack
+    oversize = np.empty(n_over, np.int64)
+    item_order = _place(lengths, unit, capacity, starts, pack_of, rank, offsets, oversize)
+    del pack_of, rank
+    slot_lengths = slot_tokens(lengths, unit) if unit > 1 else lengths.view()
+    num_tokens = int(lengths.sum(dtype=np.int64) - lengths[oversize].sum(dtype=np.int64))
     for array in (offsets, item_order, oversize, slot_lengths):
         array.flags.writeable = False
     return PackAssignment(
@@ -246,8 +320,8 @@ def plan_packs(
         oversize=oversize,
         slot_lengths=slot_lengths,
         num_packs=int(num),
-        lb2=lb2,
+        lb2=max(lower_bound_l2_counts(counts[: capacity + 1], capacity), -(-n_fit // cap)),
         num_tokens=num_tokens,
-        slot_tokens=int(fit_units.sum()) * unit,
+        slot_tokens=fit_units * unit,
         efficiency=num_tokens / (num * pack_size) if num else 0.0,
     )

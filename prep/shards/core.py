@@ -6,6 +6,7 @@ task gives the same members, byte for byte (no clocks, no randomness).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from dataclasses import dataclass
@@ -77,7 +78,8 @@ def build_pack(
         first = len(media)
         for item in row.media:
             member = media_member(item["kind"], len(media), item["ref"])
-            members.append((f"{key}.{member}", read_media(item["ref"], row.sample_id, pool)))
+            read = functools.partial(read_media, item["ref"], row.sample_id, pool)  # on the tar writer's thread
+            members.append((f"{key}.{member}", read))
             media.append(
                 PackedMedia(
                     kind=item["kind"],

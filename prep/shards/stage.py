@@ -101,13 +101,7 @@ def run_shards(config: ShardsConfig) -> ShardsManifest:
     clear_stale(out / SHARDS_DIR)
     tasks = _tasks(plan, rows)
     pending = [t.to_json() for t in tasks if not (out / SHARDS_DIR / shard_name(t.shard)).exists()]
-    log.info(
-        "shards: %d packs in %d shards, %d to write (%s executor)",
-        plan.num_packs,
-        len(tasks),
-        len(pending),
-        config.executor.executor,
-    )
+    log.info("shards: %d packs in %d shards, %d to write", plan.num_packs, len(tasks), len(pending))
     run_tasks(ShardWorker, _worker_kwargs(plan, out), pending, config.executor, desc="shards")
     manifest = ShardsManifest.create(plan_sha256=file_sha256(plan_path), shards=check_shards(out, plan, rows))
     crash_point("shards.before_manifest")

@@ -1,17 +1,25 @@
 """Deterministic plain tar files: fixed metadata, written via temp name + rename.
 
-`tarfile.TarFile.addfile` copies through 16 KiB buffers and builds headers slowly;
-writing our fixed-metadata header, the payload and its padding with one ``writev`` keeps a
-shard's write at disk speed. `iter_pack_metas` reads the json members back for the
-conservation check.
+`tarfile.TarFile.addfile` copies through 16 KiB buffers and builds headers slowly; we write
+our fixed-metadata headers, payloads and padding with ``writev`` (no copy of the payloads)
+on a writer thread, which also reads the media, so building the next pack's metadata
+overlaps the reads and page-cache copies of this one, and start the disk writeback of every
+16 MiB at once (``sync_file_range``), so the ``fsync`` before the rename finds little left
+to flush. Profile of a 400 MB shard run
+before these two changes: 0.26 s in ``writev`` and 0.17 s in ``fsync`` serialised with
+0.4 s of reading and encoding (`benchmarks/bench_shards.py --profile`).
+`iter_pack_metas` reads the json members back for the conservation check.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import queue
 import tarfile
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from packvlm.atomic import atomic_path
@@ -19,7 +27,12 @@ from schemas.packed import META_MEMBER, TAR_MODE, TAR_MTIME
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
-Member = tuple[str, bytes | memoryview]
+Payload = bytes | memoryview
+Member = tuple[str, Payload | Callable[[], Payload]]  # a callable is read on the writer thread
+IOV_MAX = 1024  # Linux's limit on buffers per writev
+QUEUE_DEPTH = 8  # packs read ahead of the writer thread
+FLUSH_BYTES = 16 * 2**20  # start writeback of every 16 MiB written
+SYNC_FILE_RANGE_WRITE = 2
 
 
 def ustar_header(name: str, size: int) -> bytes:
@@ -45,32 +58,105 @@ def ustar_header(name: str, size: int) -> bytes:
     return (head + b"%06o\0 " % checksum + tail).ljust(BLOCK, b"\0")
 
 
-class TarWriter:
-    """Appends regular-file members with fixed metadata to an unbuffered binary file."""
+def member_parts(name: str, data: Payload) -> list[Payload]:
+    """Header, payload (not copied) and zero padding of one regular-file member."""
+    return [ustar_header(name, len(data)), data, b"\0" * (-len(data) % BLOCK)]
 
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self.bytes_written = 0
 
-    def _write(self, parts: list[bytes | memoryview]) -> None:
-        total = sum(len(p) for p in parts)
-        done = os.writev(self._fd, parts)
+def end_of_archive(size: int) -> bytes:
+    """Two zero blocks end the archive, padded to a whole record like tarfile does."""
+    end = 2 * BLOCK
+    return b"\0" * (end + -(size + end) % RECORD)
+
+
+def _writev_all(fd: int, parts: list[Payload]) -> None:
+    """``writev`` in runs of at most IOV_MAX buffers, finishing short writes plainly."""
+    for start in range(0, len(parts), IOV_MAX):
+        run = parts[start : start + IOV_MAX]
+        done, total = os.writev(fd, run), sum(len(p) for p in run)
         if done < total:  # short write (signals, huge buffers): finish the rest plainly
-            rest = b"".join(bytes(p) for p in parts)[done:]
+            rest = memoryview(b"".join(run))[done:]
             while rest:
-                rest = rest[os.write(self._fd, rest) :]
-        self.bytes_written += total
+                rest = rest[os.write(fd, rest) :]
 
-    def add(self, name: str, data: bytes | memoryview) -> None:
-        """Header, payload and padding in one system call, no copy of the payload."""
-        pad = -len(data) % BLOCK
-        self._write([ustar_header(name, len(data)), data, b"\0" * pad])
+
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        func = libc.sync_file_range
+    except (OSError, AttributeError):  # not Linux
+        return None
+    func.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return func
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing a range to disk now, without waiting (Linux only)."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)
+
+
+class BackgroundWriter:
+    """Writes tar members to a file descriptor on its own thread, in submission order.
+
+    A member's payload may be a callable (a media read): the thread calls it, so the media
+    reads and page-cache copies (``read``, ``writev``: they release the GIL) run beside the
+    caller building the next pack's metadata, and the thread does what a plain copy does
+    while the caller's Python work hides behind it. At most ``depth`` packs wait in the
+    queue; an error on the thread (a vanished media file, a full disk) is raised by the next
+    `put` or by `close`.
+    """
+
+    def __init__(self, fd: int, depth: int = QUEUE_DEPTH) -> None:
+        self._fd = fd
+        self._queue: queue.Queue[list[Member] | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self.bytes_written = 0
+        self._thread = threading.Thread(target=self._run, name="tar-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        flushed = 0
+        while (members := self._queue.get()) is not None:
+            if self._error is None:  # after an error keep draining so `put` never blocks forever
+                try:
+                    self._write(members)
+                    if self.bytes_written - flushed >= FLUSH_BYTES:
+                        start_writeback(self._fd, flushed, self.bytes_written - flushed)
+                        flushed = self.bytes_written
+                except BaseException as exc:  # re-raised on the caller's thread
+                    self._error = exc
+        if self._error is None:
+            try:
+                self._write_parts([end_of_archive(self.bytes_written)])
+            except BaseException as exc:
+                self._error = exc
+
+    def _write(self, members: list[Member]) -> None:
+        parts: list[bytes | memoryview] = []
+        for name, data in members:
+            parts += member_parts(name, data() if callable(data) else data)
+        self._write_parts(parts)
+
+    def _write_parts(self, parts: list[bytes | memoryview]) -> None:
+        _writev_all(self._fd, parts)
+        self.bytes_written += sum(len(p) for p in parts)
+
+    def put(self, members: list[Member]) -> None:
+        """Queue members to write, in this order, after everything queued before."""
+        if self._error is not None:
+            raise self._error
+        self._queue.put(members)
 
     def close(self) -> None:
-        """Two zero blocks end the archive; pad to a whole record like tarfile does."""
-        end = 2 * BLOCK
-        end += -(self.bytes_written + end) % RECORD
-        self._write([b"\0" * end])
+        """End the archive after every queued member; raise the thread's error, if any."""
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def write_tar_atomic(path: Path, samples: Iterable[list[Member]]) -> int:
@@ -80,11 +166,12 @@ def write_tar_atomic(path: Path, samples: Iterable[list[Member]]) -> int:
     a crashed machine) leaves at most a temp file, which a rerun removes and rewrites.
     """
     with atomic_path(path) as tmp, open(tmp, "wb", buffering=0) as fh:
-        writer = TarWriter(fh.fileno())
-        for members in samples:
-            for name, data in sorted(members, key=lambda m: m[0]):
-                writer.add(name, data)
-        writer.close()
+        writer = BackgroundWriter(fh.fileno())
+        try:
+            for members in samples:
+                writer.put(sorted(members, key=lambda m: m[0]))
+        finally:
+            writer.close()
         os.fsync(fh.fileno())  # data on disk before the name: a crash never leaves a short shard
     return writer.bytes_written
 

@@ -187,13 +187,7 @@ def run_tokenize(config: TokenizeConfig) -> TokenizeManifest:
         OutputDirConflict,
     )
     pending = [c for c in chunks if not _done(out, c)]
-    log.info(
-        "tokenize: %d chunks, %d already done, %d to run (%s executor)",
-        len(chunks),
-        len(chunks) - len(pending),
-        len(pending),
-        config.executor.executor,
-    )
+    log.info("tokenize: %d chunks, %d already done, %d to run", len(chunks), len(chunks) - len(pending), len(pending))
     worker_config = {k: v for k, v in asdict(config).items() if k != "executor"}
     worker_kwargs = {
         "config_json": json.dumps({**worker_config, "output_dir": str(out)}),

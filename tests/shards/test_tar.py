@@ -142,3 +142,16 @@ def test_pack_meta_json_round_trip():
     assert json.dumps(meta.to_json(), sort_keys=True) == json.dumps(dataclasses.asdict(meta), sort_keys=True)
     with pytest.raises(ValueError, match="version"):
         PackMeta.from_json({**meta.to_json(), "version": 99})
+
+
+def test_write_error_on_the_writer_thread_reaches_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import prep.shards.tar as tar
+
+    def full_disk(fd: int, parts: list) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tar, "_writev_all", full_disk)
+    many = ([(f"k-{i}.bin", b"x" * 100)] for i in range(100))  # more packs than the queue holds: no deadlock
+    with pytest.raises(OSError, match="No space left"):
+        write_tar_atomic(tmp_path / "s.tar", many)
+    assert list(tmp_path.iterdir()) == []
