@@ -7,8 +7,12 @@ loop divides by the global count over all accumulation steps and ranks::
 
     n = global_label_tokens(micro_batches)          # all_reduce over ranks when initialised
     for batch in micro_batches:
-        loss_sum, _ = token_loss_sum(packed_forward(model, batch), batch.labels)
+        loss_sum, _ = chunked_token_loss_sum(model, batch)   # = token_loss_sum(packed_forward(...))
         (loss_sum / n).backward()                   # every label token weighs 1 / n
+
+`train hf` takes the sum from `train.chunked_loss.chunked_token_loss_sum`, which never holds
+``[T, V]`` logits; `token_loss_sum` over full logits is its reference and stays for callers
+that want the logits.
 
 Labels are unshifted (HF convention): the logits at ``t`` predict ``labels[t + 1]``. Across a
 sample boundary the target is the next sample's first token, which `PackedBatch` masks, so no
