@@ -79,6 +79,11 @@ def head():
     cmd = [*RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs)]
     cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--num-cpus", "2"]
     cmd += ["--include-dashboard", "true", "--disable-usage-stats"]
+    # The agent's own ports too: their defaults (e.g. 52365) may be held by another Ray on the
+    # machine (the test session's embedded Ray), and then no job agent ever registers.
+    for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"):
+        cmd += [flag, str(_free_port())]
+    cmd += ["--metrics-export-port", str(_free_port())]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for_dashboard(dashboard, proc)
