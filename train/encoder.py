@@ -32,11 +32,11 @@ from megatron.energon import stateless
 from packvlm.energon import PackedSample, PackedTaskEncoder
 from schemas.packed import LoadedPack
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
-from train.families.base import Join
+from train.families.base import IMAGE, Join
 from train.identity import ModelConfigSource, load_model_config, load_processor_once
 from train.image_blocks import empty_spans, image_block_spans
 from train.media import MediaProcessor, PackEncodeError
-from train.rope import IMAGE, RopeIndex
+from train.rope import RopeIndex
 
 
 def slot_layout(pack: LoadedPack, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:

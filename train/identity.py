@@ -31,8 +31,8 @@ from transformers import AutoConfig, PretrainedConfig
 from packvlm.errors import UsageError
 from prep.tokenize.processor import ProcessorBundle, load_processor
 from schemas.manifest import ProcessorIdentity
+from train.families.base import IMAGE, VIDEO
 
-IMAGE, VIDEO = 1, 2  # transformers' mm_token_type_ids values (train.families)
 #: config attribute -> which placeholder it names (transformers uses both spellings)
 TOKEN_ID_FIELDS = {
     "image_token_id": IMAGE,

@@ -29,8 +29,6 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-TEXT, IMAGE, VIDEO = 0, 1, 2  # transformers' mm_token_type_ids values
-
 
 def _family_rope_index(config: PretrainedConfig) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """The bound ``get_rope_index`` of the family's model built on meta (the base model's, else its own)."""

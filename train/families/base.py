@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
+TEXT, IMAGE, VIDEO = 0, 1, 2  # transformers' mm_token_type_ids values (keys of a layout's ``mm_token_ids``)
 #: how a vision keyword joins items / samples / packs (in token order):
 #: "cat"      torch.cat along dim 0 (same trailing shape)
 #: "pad_cat"  zero-pad every trailing dim to the largest, then cat along dim 0

@@ -32,9 +32,7 @@ import transformers
 from PIL import Image
 
 from prep.tokenize.families.gemma3 import DEFAULT_IMAGE_SEQ_LENGTH
-from train.families.base import DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
-
-IMAGE = 1  # transformers' mm_token_type_ids value
+from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
 
 
 @register_layout("Gemma3Processor")

@@ -35,9 +35,7 @@ from typing import Any, ClassVar
 import transformers
 from PIL import Image
 
-from train.families.base import DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
-
-IMAGE = 1  # transformers' mm_token_type_ids value
+from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
 
 
 @register_layout("Idefics3Processor", "SmolVLMProcessor")

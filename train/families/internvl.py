@@ -33,9 +33,8 @@ from PIL import Image
 from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
 
 from prep.tokenize.families.settings import effective_image_settings
-from train.families.base import DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
+from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
 
-IMAGE = 1  # transformers' mm_token_type_ids value for image tokens
 PATCHES_PER_TOKEN = 4  # InternVL's pixel shuffle (downsample_ratio 0.5) merges 2 x 2 ViT patches per token
 
 

@@ -48,9 +48,7 @@ from PIL import Image
 from transformers.image_processing_utils import select_best_resolution
 
 from prep.tokenize.processor import ProcessorLoadError
-from train.families.base import DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
-
-IMAGE = 1  # transformers' mm_token_type_ids value for an image placeholder
+from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
 
 
 @register_layout("LlavaNextProcessor", "LlavaOnevisionProcessor")

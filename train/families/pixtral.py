@@ -30,9 +30,7 @@ import torch
 from PIL import Image
 
 from prep.tokenize.families.pixtral import PIXTRAL_CLASS_DEFAULTS
-from train.families.base import DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
-
-IMAGE = 1  # transformers' mm_token_type_ids value for image tokens
+from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
 
 
 def _setting(bundle: Any, key: str) -> Any:

@@ -18,9 +18,7 @@ from typing import Any, ClassVar
 import torch
 from PIL import Image
 
-from train.families.base import DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
-
-IMAGE, VIDEO = 1, 2  # transformers' mm_token_type_ids values
+from train.families.base import IMAGE, VIDEO, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
