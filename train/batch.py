@@ -43,6 +43,12 @@ whole row, in token order, as its `train.families` layout declares them, e.g.::
 How a keyword joins across packs (``--packs-per-microbatch``) is the layout's ``joins``; a
 text-only row has an empty ``vision``.
 
+Image ``pixel_values`` arrive as `train.pixels.PackedPixels` (8-bit values, the processor's
+per-value table, frame extents) unless the loader was asked for ``pixels="float32"``: a
+quarter of the bytes through the workers' shared memory. A loop moves the batch with ``.to``
+and reads ``vision_inputs()``, which makes the processor's float32 tensors there (bit-equal);
+a `PackedPixels` handed to a model as it is fails loudly, never silently.
+
 ``image_blocks`` (int32 ``[N, 2]``) lists the ``[start, end)`` row offsets of every image
 block that attends bidirectionally (families whose layout declares ``image_attention =
 "bidirectional"``: Gemma 3, one block per tile's run of soft tokens), in row order; empty for
@@ -57,13 +63,14 @@ holding one image::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
-from train.families.base import Join, join_fields
+from train.families.base import Join, VisionValue, join_fields
+from train.pixels import PackedPixels, vision_inputs
 
 IGNORE_INDEX = -100  # label of tokens that carry no loss (torch / HF cross-entropy default)
 
@@ -86,8 +93,9 @@ class PackedBatch:
     max_seqlen: int
     #: int [1, T]: 0 text, 1 image token, 2 video token (what transformers' rope index reads)
     mm_token_type_ids: torch.Tensor
-    #: the family model's vision keywords for the row (see the module docstring); empty without media
-    vision: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the family model's vision keywords for the row (see the module docstring); empty without media.
+    #: Pixels may be `PackedPixels`: pass ``vision_inputs()`` to a model, not this
+    vision: dict[str, VisionValue] = field(default_factory=dict)
     #: int32 [N, 2] ``[start, end)`` row offsets of bidirectional image blocks (Gemma 3); empty otherwise
     image_blocks: torch.Tensor = field(default_factory=lambda: torch.zeros((0, 2), dtype=torch.int32))
     #: images plus videos in the row
@@ -118,29 +126,50 @@ class PackedBatch:
     def num_samples(self) -> int:
         return int(self.cu_seqlens.numel() - 1)
 
+    def vision_inputs(self) -> dict[str, torch.Tensor]:
+        """The model's vision keywords, 8-bit pixels normalised where they lie (after ``.to(device)``)."""
+        return vision_inputs(self.vision)
+
+    def _vision_tensor(self, name: str) -> torch.Tensor | None:
+        value = self.vision.get(name)
+        return value.normalized() if isinstance(value, PackedPixels) else value
+
     @property
     def pixel_values(self) -> torch.Tensor | None:
-        return self.vision.get("pixel_values")
+        """The model's float ``pixel_values`` (normalised here when shipped as 8-bit)."""
+        return self._vision_tensor("pixel_values")
 
     @property
     def image_grid_thw(self) -> torch.Tensor | None:
-        return self.vision.get("image_grid_thw")
+        return self._vision_tensor("image_grid_thw")
 
     @property
     def pixel_values_videos(self) -> torch.Tensor | None:
-        return self.vision.get("pixel_values_videos")
+        return self._vision_tensor("pixel_values_videos")
 
     @property
     def video_grid_thw(self) -> torch.Tensor | None:
-        return self.vision.get("video_grid_thw")
+        return self._vision_tensor("video_grid_thw")
+
+    @property
+    def vision_nbytes(self) -> int:
+        """Bytes of the vision keywords as they travel (8-bit pixels count as shipped)."""
+        return sum(v.nbytes for v in self.vision.values())
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """A copy with every tensor on ``device`` (non-blocking where pinned)."""
+        return self._map(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> PackedBatch:
+        """Pinned host copies (torch's DataLoader calls this when ``pin_memory`` is on)."""
+        return self._map(lambda t: t.pin_memory())
+
+    def _map(self, move: Callable[[Any], Any]) -> PackedBatch:
         moved: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            moved[f.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-        moved["vision"] = {k: v.to(device, non_blocking=True) for k, v in self.vision.items()}
+            moved[f.name] = move(value) if isinstance(value, torch.Tensor) else value
+        moved["vision"] = {k: move(v) for k, v in self.vision.items()}
         return PackedBatch(**moved)
 
 

@@ -174,7 +174,7 @@ def bridge_batch(batch: PackedBatch) -> dict[str, Any]:
         "labels": labels,
         "loss_mask": loss_mask,
         "position_ids": position_ids,
-        "visual_inputs": visual_inputs(batch.vision),
+        "visual_inputs": visual_inputs(batch.vision_inputs()),  # Bridge's step takes floats: made here
         "attention_mask": None,
         "padding_mask": (sample_index(batch) < 0)[None],
         "cu_seqlens_q": cu_seqlens,
@@ -203,7 +203,7 @@ class BridgeTaskEncoder(PackedTaskEncoder[PackedBatch, PackedBatch, dict[str, An
 
     def __init__(self, processor: str, model_config: ModelConfigSource) -> None:
         super().__init__()
-        self.packs = PackedBatchTaskEncoder(processor, model_config)
+        self.packs = PackedBatchTaskEncoder(processor, model_config, pixels="float32")  # Bridge's step takes floats
 
     @stateless
     def encode_sample(self, sample: PackedSample) -> PackedBatch:

@@ -35,7 +35,7 @@ from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.families.base import IMAGE, Join
 from train.identity import ModelConfigSource, load_model_config, load_processor_once
 from train.image_blocks import empty_spans, image_block_spans
-from train.media import MediaProcessor, PackEncodeError
+from train.media import MediaProcessor, PackEncodeError, PixelWire
 from train.rope import RopeIndex
 
 
@@ -66,10 +66,15 @@ class PackEncoder:
     pad_token_id: int | None
 
     @classmethod
-    def from_pretrained(cls, processor: str, model_config: ModelConfigSource) -> PackEncoder:
-        """Load the processor (as `prep tokenize` does, once per process) and the model config."""
+    def from_pretrained(
+        cls, processor: str, model_config: ModelConfigSource, pixels: PixelWire = "uint8"
+    ) -> PackEncoder:
+        """Load the processor (as `prep tokenize` does, once per process) and the model config.
+
+        ``pixels``: how image pixels leave the worker (`train.media.PixelWire`).
+        """
         bundle = load_processor_once(str(processor))
-        media = MediaProcessor.from_bundle(bundle)
+        media = MediaProcessor.from_bundle(bundle, pixels)
         layout, config = media.layout, load_model_config(model_config)
         # a text-only model trained on the text of multimodal data rotates with 1-D positions
         mrope = layout.rope == "mrope" and getattr(config, "vision_config", None) is not None
@@ -124,17 +129,18 @@ class PackedBatchTaskEncoder(PackedTaskEncoder[PackedBatch, PackedBatch, PackedB
     #: a failing pack is a broken plan, not noise: stop at the first (Energon's default skips 99)
     __default_failure_tolerance__ = 1
 
-    def __init__(self, processor: str, model_config: ModelConfigSource) -> None:
+    def __init__(self, processor: str, model_config: ModelConfigSource, pixels: PixelWire = "uint8") -> None:
         super().__init__()
         self.processor = str(processor)
         self.model_config = model_config
+        self.pixels = pixels
         self._encoder: PackEncoder | None = None
 
     @property
     def encoder(self) -> PackEncoder:
         """Built on first use in each process (loader workers included)."""
         if self._encoder is None:
-            self._encoder = PackEncoder.from_pretrained(self.processor, self.model_config)
+            self._encoder = PackEncoder.from_pretrained(self.processor, self.model_config, self.pixels)
         return self._encoder
 
     def __getstate__(self) -> dict[str, Any]:

@@ -59,7 +59,8 @@ def packed_inputs(model: nn.Module, batch: PackedBatch) -> dict[str, object]:
     position_ids = batch.position_ids
     if position_ids.dim() == 3 and "pixel_values" not in accepted:
         position_ids = position_ids[0]  # a text-only model rotates with the text row
-    refused = sorted(set(batch.vision) - accepted)
+    vision = batch.vision_inputs()
+    refused = sorted(set(vision) - accepted)
     if refused:
         raise TypeError(f"{type(model).__name__} takes no {', '.join(refused)}, but packs {batch.pack_keys} carry them")
     inputs: dict[str, object] = {
@@ -72,7 +73,7 @@ def packed_inputs(model: nn.Module, batch: PackedBatch) -> dict[str, object]:
         "max_length_q": int(batch.max_seqlen),
         "max_length_k": int(batch.max_seqlen),
     }
-    inputs.update(batch.vision)
+    inputs.update(vision)
     if "mm_token_type_ids" in accepted:
         inputs["mm_token_type_ids"] = batch.mm_token_type_ids
     if batch.image_blocks.numel():

@@ -46,6 +46,7 @@ from packvlm.energon import quiet_pin_memory_without_accelerator
 from train.dataset import PackedDatasetInfo, TrainConfigError, open_packed_dataset
 from train.encoder import PackedBatchTaskEncoder
 from train.identity import ModelConfigSource
+from train.media import PIXEL_WIRES, PixelWire
 
 log = logging.getLogger(__name__)
 Sampling = Literal["epoch", "buffer"]
@@ -70,6 +71,7 @@ class LoaderConfig:
     repeat: bool = True
     split: str = "train"
     context_parallel_size: int = 1  # slots must be multiples of 2x this (checked when the dataset opens)
+    pixels: PixelWire = "uint8"  # image pixels from the workers: 8-bit, normalised in the step; or float32
 
     def worker_config(self) -> WorkerConfig:
         """Energon's view of this rank; errors re-raised so no pack is ever skipped silently."""
@@ -97,6 +99,8 @@ class LoaderOptions(Protocol):
     def seed(self) -> int: ...
     @property
     def sampling(self) -> Sampling: ...
+    @property
+    def pixels(self) -> PixelWire: ...
     @property
     def shuffle_buffer_size(self) -> int: ...
 
@@ -130,6 +134,7 @@ def rank_loader_config(
         sampling=options.sampling,
         shuffle_buffer_size=options.shuffle_buffer_size,
         context_parallel_size=context_parallel_size,
+        pixels=options.pixels,
     )
 
 
@@ -141,6 +146,8 @@ def validate_loader_config(config: LoaderConfig) -> PackedDatasetInfo:
         raise TrainConfigError(
             f"num_workers {config.num_workers} must be >= 0 and packs_per_microbatch {config.packs_per_microbatch} >= 1"
         )
+    if config.pixels not in PIXEL_WIRES:
+        raise TrainConfigError(f"pixels {config.pixels!r} is not one of {', '.join(PIXEL_WIRES)}")
     if config.sampling not in SAMPLINGS:
         raise TrainConfigError(f"sampling {config.sampling!r} is not one of {', '.join(SAMPLINGS)}")
     workers = config.world_size * max(1, config.num_workers)
@@ -183,7 +190,7 @@ def make_loader(config: LoaderConfig, *, state: bytes | None = None, validate: b
         shuffle_buffer_size=None if per_epoch else config.shuffle_buffer_size,
         max_samples_per_sequence=1 if per_epoch else config.max_samples_per_sequence,
         shuffle_over_epochs_multiplier=1,
-        task_encoder=PackedBatchTaskEncoder(config.processor, config.model),
+        task_encoder=PackedBatchTaskEncoder(config.processor, config.model, config.pixels),
         repeat=config.repeat,
     )
     quiet_pin_memory_without_accelerator()

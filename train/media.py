@@ -19,14 +19,21 @@ what `prep tokenize` stored: that is what keeps the token plan exact end to end;
 invariant, never a pack to skip: `train.loader` re-raises it as is, and
 `train.encoder.PackedBatchTaskEncoder` lowers Energon's failure tolerance to 1 so that any
 other loader stops on it too.
+
+Image pixels leave the worker as 8-bit values (`train.pixels.PackedPixels`, ``pixels="uint8"``,
+the default): the layouts call their image processor with rescale / normalize off and the step
+applies the processor's own per-value table on the device, bit-equal to its float32 output
+(checked on a probe image when the worker starts). ``pixels="float32"`` ships the processor's
+float output as before. Video pixels are always float32 (HF video processors need torchvision,
+which the CPU checks here lack). Each pack's pixels are joined once, over all its items.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -35,7 +42,16 @@ from transformers.image_utils import load_image
 
 from packvlm.errors import DataBudgetError
 from schemas.packed import PackedMediaItem
-from train.families.base import DecodedVideo, FamilyLayout, ItemInputs, SampleInputs, find_layout, join_fields
+from train.families.base import (
+    DecodedVideo,
+    FamilyLayout,
+    ItemInputs,
+    SampleInputs,
+    VisionValue,
+    find_layout,
+    join_fields,
+)
+from train.pixels import PADDING_MASK, PIXEL_KEYWORDS, PackedPixels, RawPixelsError, normalization_table, vision_inputs
 
 
 class PackEncodeError(DataBudgetError, ValueError):
@@ -116,6 +132,19 @@ def decode_video_frames(data: bytes, frame_indices: Sequence[int], origin: Media
     return DecodedVideo(frames=np.stack(frames), total_frames=total, fps=fps)
 
 
+#: the probe image `MediaProcessor.check_pixels` runs (not square: Idefics3 pads its global tile)
+PROBE_WIDTH, PROBE_HEIGHT = 200, 120
+
+
+def without_pixels(tensors: Mapping[str, VisionValue]) -> dict[str, torch.Tensor]:
+    """The keywords a sample's rope index may read: all but the pixels."""
+    return {
+        k: v
+        for k, v in tensors.items()
+        if isinstance(v, torch.Tensor) and k not in PIXEL_KEYWORDS and k != "pixel_values_videos"
+    }
+
+
 #: the stored facts of an item the processor's output is checked against, in message order
 PLAN_FIELDS = ("grid_thw", "num_tiles", "num_tokens")
 
@@ -135,8 +164,9 @@ def check_plan(origin: MediaOrigin, stored: PackedMediaItem, got: ItemInputs) ->
 class PackVision:
     """The vision keywords of one pack (joined in token order) and each sample's own part."""
 
-    tensors: dict[str, torch.Tensor]
-    samples: tuple[dict[str, torch.Tensor], ...]  # per sample: its items joined (what its rope index reads)
+    tensors: dict[str, VisionValue]
+    #: per sample: its items' keywords but the pixels, joined (what its rope index reads: grids, seconds)
+    samples: tuple[dict[str, torch.Tensor], ...]
     num_media: int
     num_patches: int  # vision-encoder patches of all items
 
@@ -145,35 +175,84 @@ class NoTrainingLayout(PackEncodeError):
     """The data's processor class has no `train.families` layout: this family cannot train here."""
 
 
+#: how image pixels leave a loader worker: "uint8" (`train.pixels.PackedPixels`, normalised in the
+#: step) or "float32" (the processor's own float output, as a plain tensor)
+PixelWire = Literal["uint8", "float32"]
+PIXEL_WIRES: tuple[PixelWire, ...] = ("uint8", "float32")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MediaProcessor:
     """The family's layout for one worker; `process` is pure given it."""
 
     layout: FamilyLayout
+    table: torch.Tensor | None  # `train.pixels.normalization_table` for "uint8"; None for "float32"
 
     @classmethod
-    def from_bundle(cls, bundle: Any) -> MediaProcessor:
-        """From a `prep.tokenize.processor.ProcessorBundle`: the layout registered for its class."""
+    def from_bundle(cls, bundle: Any, pixels: PixelWire = "uint8") -> MediaProcessor:
+        """From a `prep.tokenize.processor.ProcessorBundle`: the layout registered for its class.
+
+        With ``pixels="uint8"`` the processor's float pixels and the table's are compared once,
+        on a probe image, before any pack: a processor that does not fit `train.pixels` fails here.
+        """
         layout_class = find_layout(bundle.processor_class)
         if layout_class is None:
             raise NoTrainingLayout(
                 f"{bundle.source}: no training layout for {bundle.processor_class} (train.families); "
                 "packvlm cannot build this family's vision inputs"
             )
-        return cls(layout=layout_class.from_bundle(bundle))
+        layout: Any = layout_class.from_bundle(bundle)
+        if pixels == "float32":
+            return cls(layout=replace(layout, pixel_kwargs={}), table=None)
+        table = normalization_table(bundle.image_processor, getattr(layout, "images_kwargs", None))
+        media = cls(layout=layout, table=table)
+        media.check_pixels(replace(layout, pixel_kwargs={}), f"{bundle.source} ({bundle.processor_class})")
+        return media
+
+    def check_pixels(self, float_layout: FamilyLayout, name: str) -> None:
+        """Raise `RawPixelsError` unless 8-bit pixels + table give the processor's float pixels bit for bit."""
+        probe = Image.fromarray(np.random.default_rng(0).integers(0, 256, (PROBE_HEIGHT, PROBE_WIDTH, 3), np.uint8))
+        want = vision_inputs(float_layout.sample_inputs([probe], []).items[0].tensors)
+        got = vision_inputs(self._packed(self.layout.sample_inputs([probe], []).items[0]).tensors)
+        for key in PIXEL_KEYWORDS:
+            if key in want and not torch.equal(got[key], want[key]):
+                raise RawPixelsError(
+                    f"{name}: {key} from 8-bit values and the processor's rescale/normalize table differ from the "
+                    "processor's own float output on a probe image; train with --pixels float32"
+                )
+
+    def _packed(self, item: ItemInputs) -> ItemInputs:
+        """``item`` with its pixel keywords as `PackedPixels` (``table`` set), else as it is."""
+        if self.table is None:
+            return item
+        tensors = dict(item.tensors)
+        mask = tensors.get(PADDING_MASK)
+        for key in PIXEL_KEYWORDS:
+            value = tensors.get(key)
+            if isinstance(value, torch.Tensor):
+                tensors[key] = PackedPixels.of(value, self.table, mask if isinstance(mask, torch.Tensor) else None)
+        return replace(item, tensors=tensors)
 
     def process(
         self, pack_key: str, media: Sequence[PackedMediaItem], sample_ids: Sequence[str], num_samples: int
     ) -> PackVision:
-        """Vision keywords for a pack's media (already in token order); every item checked against the plan."""
-        samples, patches = [], 0
+        """Vision keywords for a pack's media (already in token order); every item checked against the plan.
+
+        Pixels are joined once, over all items of the pack; each sample keeps only its small keywords.
+        """
+        parts: list[Mapping[str, VisionValue]] = []
+        samples: list[dict[str, torch.Tensor]] = []
+        patches = 0
         for sample in range(num_samples):
             mine = [m for m in media if m.meta.sample == sample]
             got = self._sample(pack_key, mine, sample_ids) if mine else SampleInputs()
-            samples.append(join_fields(self.layout.joins, [*(i.tensors for i in got.items), got.tensors]))
+            own: list[Mapping[str, VisionValue]] = [*(i.tensors for i in got.items), got.tensors]
+            parts += own
+            small = join_fields(self.layout.joins, [without_pixels(t) for t in own])
+            samples.append(without_pixels(small))  # (tensors in, tensors out: narrows the type)
             patches += sum(i.num_patches for i in got.items)
         return PackVision(
-            tensors=join_fields(self.layout.joins, samples),
+            tensors=join_fields(self.layout.joins, parts),
             samples=tuple(samples),
             num_media=len(media),
             num_patches=patches,
@@ -191,8 +270,9 @@ class MediaProcessor:
             decode_video_frames(m.data, m.meta.frame_indices, o) for m, o in zip(videos, origins[len(images) :])
         ]
         got: SampleInputs = self.layout.sample_inputs(decoded_images, decoded_videos)
+        del decoded_images, decoded_videos  # the processor's output is all that stays
         if len(got.items) != len(origins):
             raise PackEncodeError(f"{origins[0]}: the layout returned {len(got.items)} items for {len(origins)}")
         for stored, origin, item in zip((*images, *videos), origins, got.items):
             check_plan(origin, stored, item)
-        return got
+        return replace(got, items=tuple(self._packed(item) for item in got.items))

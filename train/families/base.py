@@ -24,12 +24,16 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
+from train.pixels import PackedPixels
+
 TEXT, IMAGE, VIDEO = 0, 1, 2  # transformers' mm_token_type_ids values (keys of a layout's ``mm_token_ids``)
 #: how a vision keyword joins items / samples / packs (in token order):
 #: "cat"      torch.cat along dim 0 (same trailing shape)
 #: "pad_cat"  zero-pad every trailing dim to the largest, then cat along dim 0
 #: "cat_dim1" torch.cat along dim 1 (a leading batch dim of 1, e.g. Idefics3 [1, tiles, C, H, W])
 Join = Literal["cat", "pad_cat", "cat_dim1"]
+#: a vision keyword's value: a tensor, or 8-bit pixels the step normalises (`train.pixels`)
+VisionValue = torch.Tensor | PackedPixels
 #: positions rule: "mrope" (the model's own ``get_rope_index`` per sample) or "text" (restart per sample)
 Rope = Literal["mrope", "text"]
 
@@ -38,7 +42,7 @@ Rope = Literal["mrope", "text"]
 class ItemInputs:
     """One media item through the family's processor: its tensors and what the plan must match."""
 
-    tensors: dict[str, torch.Tensor]  # model keyword -> this item's part, in the join's layout
+    tensors: dict[str, VisionValue]  # model keyword -> this item's part, in the join's layout
     grid_thw: tuple[int, int, int]  # as `prep tokenize` records it for the family
     num_tiles: int  # image arrays the processor made (tiles / crops + global view)
     num_tokens: int  # placeholder tokens the item expands to in the text
@@ -86,6 +90,11 @@ class FamilyLayout(Protocol):
 
     @property
     def supports_video(self) -> bool: ...
+
+    @property
+    def pixel_kwargs(self) -> Mapping[str, bool]:
+        """Keywords of every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or empty (floats)."""
+        ...
 
     def sample_inputs(self, images: Sequence[Image.Image], videos: Sequence[DecodedVideo]) -> SampleInputs:
         """One sample's media (images then videos, each in token order) -> processor outputs."""
@@ -145,11 +154,29 @@ def join(rule: Join, parts: Sequence[torch.Tensor]) -> torch.Tensor:
     raise ValueError(f"unknown join rule {rule!r}")
 
 
-def join_fields(joins: Mapping[str, Join], parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def join_pixels(rule: Join, parts: Sequence[PackedPixels]) -> PackedPixels:
+    """Join 8-bit pixels like their float tensors; frame extents join by the same rule (padded frames: 0 x 0)."""
+    table = parts[0].table
+    if any(p.table is not table and not torch.equal(p.table, table) for p in parts[1:]):
+        raise ValueError("cannot join pixels normalised by different processors")
+    extents = [p.extents for p in parts]
+    return PackedPixels(
+        values=join(rule, [p.values for p in parts]),
+        table=table,
+        extents=None if any(e is None for e in extents) else join(rule, [e for e in extents if e is not None]),
+    )
+
+
+def join_fields(joins: Mapping[str, Join], parts: Sequence[Mapping[str, VisionValue]]) -> dict[str, VisionValue]:
     """Join each keyword over ``parts`` (items, samples or packs, in token order); absent keywords skipped."""
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, VisionValue] = {}
     for name, rule in joins.items():
         present = [p[name] for p in parts if name in p]
-        if present:
-            out[name] = join(rule, present)
+        if not present:
+            continue
+        pixels = [v for v in present if isinstance(v, PackedPixels)]
+        if pixels and len(pixels) != len(present):
+            raise TypeError(f"{name}: cannot join 8-bit pixels with float tensors (one --pixels setting per run)")
+        tensors = [v for v in present if isinstance(v, torch.Tensor)]
+        out[name] = join_pixels(rule, pixels) if pixels else join(rule, tensors)
     return out

@@ -25,7 +25,7 @@ of soft tokens (one per tile) is a block attended bidirectionally (``image_atten
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import transformers
@@ -33,6 +33,7 @@ from PIL import Image
 
 from prep.tokenize.families.gemma3 import DEFAULT_IMAGE_SEQ_LENGTH
 from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
+from train.pixels import RAW_PIXELS
 
 
 @register_layout("Gemma3Processor")
@@ -51,6 +52,8 @@ class Gemma3Layout:
     images_kwargs: dict[str, Any]
     image_token_id: int  # <image_soft_token>: the model's config.image_token_id
     image_seq_length: int  # soft tokens per tile
+    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
     def from_bundle(cls, bundle: Any) -> Gemma3Layout:
@@ -73,7 +76,7 @@ class Gemma3Layout:
         return {IMAGE: self.image_token_id}
 
     def _item(self, image: Image.Image) -> ItemInputs:
-        got = self.image_processor([image], **self.images_kwargs)
+        got = self.image_processor([image], **self.images_kwargs, **self.pixel_kwargs)
         pixels = got["pixel_values"]
         crops = int(got["num_crops"][0])
         tiles = int(pixels.shape[0])

@@ -29,13 +29,14 @@ Example (example ``idefics3``: size 1456, tile 364, 169 per tile): a 112x28 imag
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import transformers
 from PIL import Image
 
 from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
+from train.pixels import RAW_PIXELS
 
 
 @register_layout("Idefics3Processor", "SmolVLMProcessor")
@@ -53,6 +54,8 @@ class Idefics3Layout:
     image_token_id: int
     image_seq_len: int  # <image> tokens per tile
     tile: int  # S = max_image_size.longest_edge
+    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
     def from_bundle(cls, bundle: Any) -> Idefics3Layout:
@@ -76,7 +79,7 @@ class Idefics3Layout:
         return {IMAGE: self.image_token_id}
 
     def _item(self, image: Image.Image) -> ItemInputs:
-        got = self.image_processor([[image]], **self.images_kwargs)
+        got = self.image_processor([[image]], **self.images_kwargs, **self.pixel_kwargs)
         pixels, mask = got["pixel_values"], got["pixel_attention_mask"]
         rows, cols = int(got["rows"][0][0]), int(got["cols"][0][0])
         tiles = int(pixels.shape[1])

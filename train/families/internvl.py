@@ -26,7 +26,7 @@ count in `prep tokenize`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from PIL import Image
@@ -34,6 +34,7 @@ from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optim
 
 from prep.tokenize.families.settings import effective_image_settings
 from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
+from train.pixels import RAW_PIXELS
 
 PATCHES_PER_TOKEN = 4  # InternVL's pixel shuffle (downsample_ratio 0.5) merges 2 x 2 ViT patches per token
 
@@ -59,6 +60,8 @@ class InternVLLayout:
     crop_to_patches: bool  # the effective value: the processor's images_kwargs over the file's
     min_patches: int
     max_patches: int
+    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
     def from_bundle(cls, bundle: Any) -> InternVLLayout:
@@ -98,6 +101,7 @@ class InternVLLayout:
             min_patches=self.min_patches,
             max_patches=self.max_patches,
             return_tensors="pt",
+            **self.pixel_kwargs,
         )
         pixels, tiles = got["pixel_values"], int(got["num_patches"][0])
         cols, rows = self._canvas(image)

@@ -40,7 +40,7 @@ it `train.media` stops on a video with `VideoProcessorUnavailable` naming the sa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -49,6 +49,7 @@ from transformers.image_processing_utils import select_best_resolution
 
 from prep.tokenize.processor import ProcessorLoadError
 from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
+from train.pixels import RAW_PIXELS
 
 
 @register_layout("LlavaNextProcessor", "LlavaOnevisionProcessor")
@@ -69,6 +70,8 @@ class LlavaLayout:
     #: vision-encoder patches of one tile: OneVision's ``num_image_tokens``, else (tile // patch_size)^2 (NeXT)
     tile_features: int | None
     patch_size: int | None
+    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
     def from_bundle(cls, bundle: Any) -> LlavaLayout:
@@ -95,7 +98,9 @@ class LlavaLayout:
         return False
 
     def _item(self, image: Image.Image) -> ItemInputs:
-        got = self.processor(text=[self.processor.image_token], images=[image], return_tensors="pt")
+        got = self.processor(
+            text=[self.processor.image_token], images=[image], return_tensors="pt", **self.pixel_kwargs
+        )
         pixels = got["pixel_values"]  # [1, tiles, 3, th, tw]: one image, no batch padding
         height, width = (int(x) for x in got["image_sizes"][0].tolist())
         best_h, best_w = select_best_resolution((height, width), [list(p) for p in self.pinpoints])

@@ -23,7 +23,7 @@ only: these processors take no video.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -31,6 +31,7 @@ from PIL import Image
 
 from prep.tokenize.families.pixtral import PIXTRAL_CLASS_DEFAULTS
 from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
+from train.pixels import RAW_PIXELS
 
 
 def _setting(bundle: Any, key: str) -> Any:
@@ -54,6 +55,8 @@ class PixtralLayout:
     image_token_id: int
     patch_size: int  # the vision tower's patch (14 or 16 px)
     merge_size: int  # spatial_merge_size: 1 for Pixtral-12B, 2 for Mistral 3 / Ministral 3
+    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
     def from_bundle(cls, bundle: Any) -> PixtralLayout:
@@ -75,7 +78,7 @@ class PixtralLayout:
         return self.patch_size * self.merge_size
 
     def _item(self, image: Image.Image) -> ItemInputs:
-        got = self.image_processor(images=[image], patch_size=self.cell, return_tensors="pt")
+        got = self.image_processor(images=[image], patch_size=self.cell, return_tensors="pt", **self.pixel_kwargs)
         sizes = got["image_sizes"].to(torch.int64).reshape(1, 2)
         height, width = (int(v) for v in sizes[0].tolist())
         rows, cols = height // self.cell, width // self.cell

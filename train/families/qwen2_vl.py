@@ -12,13 +12,14 @@ placeholder tokens. Positions: the model's own ``get_rope_index`` per sample (mR
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from PIL import Image
 
 from train.families.base import IMAGE, VIDEO, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
+from train.pixels import RAW_PIXELS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,6 +45,8 @@ class GridLayout:
     temporal_patch_size: int
     #: the processor returns ``second_per_grid_ts`` (Qwen2.5-VL) for the model's rope index
     wants_second_per_grid_ts: bool
+    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
     def from_bundle(cls, bundle: Any) -> GridLayout:
@@ -94,7 +97,7 @@ class GridLayout:
     def sample_inputs(self, images: Sequence[Image.Image], videos: Sequence[DecodedVideo]) -> SampleInputs:
         items = []
         for image in images:
-            got = self.image_processor(images=[image], return_tensors="pt")
+            got = self.image_processor(images=[image], return_tensors="pt", **self.pixel_kwargs)
             items.append(self._item(got["pixel_values"], got["image_grid_thw"], ""))
         for video in videos:
             if self.video_processor is None:

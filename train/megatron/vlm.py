@@ -39,6 +39,7 @@ from train.context_parallel import partition_index
 from train.megatron.params import packed_seq_params
 from train.megatron.step import loss_func, model_device, mrope_position_ids, shift_labels, text_position_ids
 from train.megatron.vision import HFVisionEncoder, scatter_media
+from train.pixels import vision_inputs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,7 +95,8 @@ def get_vlm_batch(
         loss_mask=loss_mask.to(target, non_blocking=True),
         position_ids=positions.to(target, non_blocking=True),
         packed_seq_params=packed_seq_params(batch, device=target, context_parallel_size=context_parallel_size),
-        vision={k: v.to(target, non_blocking=True) for k, v in batch.vision.items()},
+        # 8-bit pixels (train.pixels) become the processor's floats on the GPU
+        vision=vision_inputs({k: v.to(target, non_blocking=True) for k, v in batch.vision.items()}),
         cp_index=None if cp_index is None else cp_index.to(target),
     )
 

@@ -47,6 +47,7 @@ from train.chunked_loss import chunked_token_loss_sum
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
 from train.loader import Sampling, loader_state, make_loader, rank_loader_config, validate_loader_config
 from train.loss import global_label_tokens
+from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
 from train.recipes.options import PATH, shared_options
@@ -78,11 +79,13 @@ class HFTrainConfig:
     device: str = "auto"
     num_workers: int = 2
     sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
+    pixels: PixelWire = "uint8"  # image pixels from the loader workers (train.pixels); "float32" as processed
     shuffle_buffer_size: int = 100  # with sampling "buffer"
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
-        return config_fingerprint(self, skip=("resume", "save_every", "max_steps", "stop_after"))
+        # pixels: bit-equal inputs either way, so a run may resume with the other wire
+        return config_fingerprint(self, skip=("resume", "save_every", "max_steps", "stop_after", "pixels"))
 
 
 def _default(name: str) -> Any:

@@ -52,6 +52,7 @@ from train.dataset import TrainConfigError
 from train.distributed import DistContext, all_reduce_grads, all_reduce_sum, init_distributed
 from train.identity import load_model_config
 from train.loader import Sampling, make_loader, rank_loader_config, validate_loader_config
+from train.media import PixelWire
 from train.megatron.model import GPTConfig, build_gpt_model, require_megatron_gpu, vlm_gpt_config
 from train.megatron.step import forward_step
 from train.megatron.vision import HFVisionEncoder, unsupported_reason, vision_rope
@@ -93,6 +94,7 @@ class MegatronTrainConfig:
     model_config: Path | None = None  # HF config dir for the loader's Qwen-VL rope index
     num_workers: int = 2
     sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
+    pixels: PixelWire = "uint8"  # image pixels from the loader workers (train.pixels); "float32" as processed
     shuffle_buffer_size: int = 100  # with sampling "buffer"
     context_parallel_size: int = 1  # slots must be multiples of 2x this (prep pack --pad-to-multiple-of)
 

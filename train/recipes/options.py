@@ -15,6 +15,7 @@ import click
 
 from prep.cli_options import default_of
 from train.loader import SAMPLINGS
+from train.media import PIXEL_WIRES
 
 F = TypeVar("F", bound=Callable[..., Any])
 PATH = click.Path(path_type=Path)
@@ -70,6 +71,14 @@ def shared_options(config_cls: type) -> Callable[[F], F]:
             default=default("shuffle_buffer_size"),
             show_default=True,
             help="Energon sample shuffle buffer (packs), with --sampling buffer.",
+        ),
+        click.option(
+            "--pixels",
+            type=click.Choice(PIXEL_WIRES),
+            default=default("pixels"),
+            show_default=True,
+            help="Image pixels from the loader workers: uint8 (a quarter of the bytes; the processor's floats made "
+            "on the device, bit-equal) or float32 (the processor's output as it is).",
         ),
     ]
 
