@@ -58,6 +58,7 @@ def prepare(out: Path) -> None:
         for pad in PADS:
             batch = encoder.encode(pack_samples(samples, family.processor_dir, pad_to_multiple_of=pad))
             packs[pad] = {f.name: getattr(batch, f.name) for f in fields(PackedBatch)}
+            packs[pad]["vision"] = batch.vision_inputs()  # float32 pixels (bit-equal to the processor's)
         # The pack's pixels must be the processor's own, sample after sample; stored once.
         alone = [s.inputs["pixel_values"] for s in samples if "pixel_values" in s.inputs]
         if not all(torch.equal(p["vision"]["pixel_values"], torch.cat(alone)) for p in packs.values()):

@@ -37,6 +37,7 @@ from train.identity import ModelConfigSource, load_model_config, load_processor_
 from train.image_blocks import empty_spans, image_block_spans
 from train.media import MediaProcessor, PackEncodeError, PixelWire
 from train.rope import RopeIndex
+from train.worker_heap import bound_worker_heap
 
 
 def slot_layout(pack: LoadedPack, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +141,7 @@ class PackedBatchTaskEncoder(PackedTaskEncoder[PackedBatch, PackedBatch, PackedB
     def encoder(self) -> PackEncoder:
         """Built on first use in each process (loader workers included)."""
         if self._encoder is None:
+            bound_worker_heap()  # pixel buffers back to the system when freed (train.worker_heap)
             self._encoder = PackEncoder.from_pretrained(self.processor, self.model_config, self.pixels)
         return self._encoder
 

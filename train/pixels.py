@@ -114,7 +114,7 @@ def frame_extents(pixels: torch.Tensor, mask: torch.Tensor | None = None) -> tor
 def _inside(extents: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """bool ``[..., H, W]``: True inside each frame's ``(h, w)``."""
     device = extents.device
-    rows = torch.arange(height, device=device) < extents[..., 0, None, None]
+    rows = torch.arange(height, device=device)[:, None] < extents[..., 0, None, None]
     cols = torch.arange(width, device=device) < extents[..., 1, None, None]
     return rows & cols
 

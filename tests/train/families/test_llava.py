@@ -48,6 +48,7 @@ from tests.train.packed_truth import (
 )
 from train.batch import PackedBatch, concat_batches
 from train.media import VideoProcessorUnavailable
+from train.pixels import vision_inputs
 
 #: the tower's layers after ``vision_feature_layer`` (the tiny tower's last of 2) and final norm: alone too
 UNTOUCHED = ("vision_tower.encoder.layers.1.", "vision_tower.post_layernorm.")
@@ -97,22 +98,25 @@ def image_counts(samples: list[Sample]) -> list[int]:
 
 
 def test_layout_gives_each_sample_what_the_processor_gives(setup: Setup) -> None:
-    """Per sample, the layout's joined tensors equal the real processor's on that sample alone
-    (zero tile padding included); across the row, tile counts differ (padding happens)."""
+    """Per sample, the layout's keywords equal the real processor's on that sample alone; in the
+    row, each image's tiles equal the processor's and the tiles after them are zero (padding)."""
     samples = setup.samples["A"]
     pack = setup.pack("A")
     vision = setup.encoder.media.process(pack.key, pack.media, pack.sample_ids, len(samples))
-    for sample, got in zip(samples, vision.samples):
-        expected = {k: v for k, v in sample.inputs.items() if k != "input_ids"}
+    for sample, got in zip(samples, vision.samples):  # per sample: all but the pixels (joined once, per pack)
+        expected = {k: v for k, v in sample.inputs.items() if k not in ("input_ids", "pixel_values")}
         assert got.keys() == expected.keys()
         for key, value in expected.items():
             assert torch.equal(got[key], value), key
     if setup.family.name == "llava_onevision":
         assert samples[2].inputs["batch_num_images"].tolist() == [1, 1]  # flat list: per image
-    tiles = [int(s.inputs["pixel_values"].shape[1]) for s in samples if "pixel_values" in s.inputs]
-    row = vision.tensors["pixel_values"]
-    assert row.shape[:2] == (sum(image_counts(samples)), max(tiles))
-    assert (row.flatten(2).abs().sum(-1) == 0).any()  # some image has zero tiles after its own
+    per_image = [p[None] for s in samples if "pixel_values" in s.inputs for p in s.inputs["pixel_values"]]
+    row = vision_inputs(vision.tensors)["pixel_values"]
+    assert row.shape[:2] == (sum(image_counts(samples)), max(int(p.shape[1]) for p in per_image))
+    for image, want in zip(row, per_image):
+        tiles = int(want.shape[1])
+        assert torch.equal(image[:tiles], want[0]) and not image[tiles:].any()
+    assert any(int(p.shape[1]) < row.shape[1] for p in per_image)  # some image has zero tiles after its own
 
 
 @pytest.mark.parametrize("pad_to_multiple_of", [1, 16])
@@ -133,7 +137,7 @@ def test_two_packs_joined_equal_samples_alone(setup: Setup) -> None:
 
 def test_mutations_of_image_metadata_fail(setup: Setup) -> None:
     batch = setup.encode("A")
-    vision = batch.vision
+    vision = batch.vision_inputs()
     assert not fails(setup, batch, dict(vision))  # the oracle: unmutated is exact
     assert fails(setup, batch, {k: v for k, v in vision.items() if k != "image_sizes"})
     sizes = vision["image_sizes"].clone()
@@ -151,7 +155,7 @@ def test_onevision_batch_num_images_is_per_image(setup: Setup) -> None:
         assert "batch_num_images" not in batch.vision and not any("batch_num_images" in s.inputs for s in samples)
         assert "batch_num_images" not in inspect.signature(type(setup.model).forward).parameters
         return
-    vision = batch.vision
+    vision = batch.vision_inputs()
     assert vision["batch_num_images"].tolist() == [1] * sum(image_counts(samples))
     per_sample = torch.tensor([n for n in image_counts(samples) if n])  # [1, 2]: nested-list convention
     assert fails(setup, batch, vision | {"batch_num_images": per_sample})
