@@ -153,7 +153,7 @@ def _check_identity(
                 "the processor the data was tokenized with, or re-run `prep tokenize` and `prep pack` with yours"
             )
         if bundle is not None and model is not None:
-            layout = MediaProcessor.from_bundle(bundle).layout
+            layout = MediaProcessor.from_bundle(bundle, "float32").layout
             name = model if isinstance(model, str) else type(model).__name__
             check_model_matches_data(load_model_config(model), bundle, layout.mm_token_ids, str(name))
     except (IdentityMismatch, PackEncodeError) as exc:

@@ -132,7 +132,7 @@ def decode_video_frames(data: bytes, frame_indices: Sequence[int], origin: Media
     return DecodedVideo(frames=np.stack(frames), total_frames=total, fps=fps)
 
 
-#: the probe image `MediaProcessor.check_pixels` runs (not square: Idefics3 pads its global tile)
+#: the probe image `MediaProcessor.check_pixels` runs: noise, not square, no multiple of a patch or tile
 PROBE_WIDTH, PROBE_HEIGHT = 200, 120
 
 

@@ -55,7 +55,7 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def whole_row_positions(setup: Setup, batch: PackedBatch) -> PackedBatch:
     """The bug: the family's rope index over the whole row as one sample (its arguments bound by
     the installed signature, as for one sample), text row 0..T-1: samples continue each other."""
-    rope = setup.encoder.rope.sample_positions(batch.input_ids[0], batch.vision)
+    rope = setup.encoder.rope.sample_positions(batch.input_ids[0], batch.vision_inputs())
     text = torch.arange(batch.num_tokens).view(1, -1)
     return dataclasses.replace(batch, position_ids=torch.cat([text, rope])[:, None, :])
 

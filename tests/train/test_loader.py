@@ -22,6 +22,7 @@ from train.batch import PackedBatch, concat_batches
 from train.dataset import TrainConfigError, open_packed_dataset
 from train.families.qwen2_vl import GridLayout
 from train.loader import LoaderConfig, loader_state, make_loader, restore_loader
+from train.pixels import PackedPixels
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +67,26 @@ def test_packs_per_microbatch_concatenates_the_packs(images):
         for field in dataclasses.fields(PackedBatch):
             a, b = getattr(batch, field.name), getattr(expected, field.name)
             if field.name == "vision":
+                a, b = batch.vision_inputs(), expected.vision_inputs()
                 assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
             else:
                 assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field.name
+
+
+def test_uint8_pixels_through_workers_equal_the_processors_floats(images):
+    """Two workers ship 8-bit pixels through shared memory; made float in this process they equal,
+    bit for bit, what a loader shipping the processor's float32 output delivers - at a quarter of the bytes."""
+    config = _config(images, num_workers=2, repeat=False, shuffle_buffer_size=None)
+    floats = {b.pack_keys: b for b in make_loader(dataclasses.replace(config, pixels="float32"))}
+    raw = {b.pack_keys: b for b in make_loader(config)}
+    assert raw.keys() == floats.keys() and any(b.num_media for b in raw.values())
+    for keys, batch in raw.items():
+        want = floats[keys]
+        got = batch.vision_inputs()
+        assert got.keys() == want.vision.keys() and all(torch.equal(got[k], want.vision[k]) for k in got), keys
+        if batch.num_media:
+            assert isinstance(batch.vision["pixel_values"], PackedPixels)
+            assert batch.vision["pixel_values"].values.nbytes * 4 == want.vision["pixel_values"].nbytes
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

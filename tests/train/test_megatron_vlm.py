@@ -217,7 +217,7 @@ def test_decoder_input_rows_equal_the_hf_models_inputs_embeds_per_sample(family,
     language_model = StubLanguageModel(embed=family.model.get_input_embeddings())
     vlm = MegatronVLM(language_model, family.vision, mrope=family.name == "qwen2_5_vl")
     with torch.no_grad():
-        merged = vlm.decoder_input(batch.input_ids, batch.vision)
+        merged = vlm.decoder_input(batch.input_ids, batch.vision_inputs())
         for start, sample in zip(batch.cu_seqlens_padded.tolist(), family.samples):
             alone = hf_inputs_embeds(family.model, sample)
             torch.testing.assert_close(merged[start : start + alone.shape[0], 0], alone, rtol=0, atol=1e-6)
@@ -225,7 +225,7 @@ def test_decoder_input_rows_equal_the_hf_models_inputs_embeds_per_sample(family,
             rows = []
             for rank in range(cp):
                 index = partition_index(batch.cu_seqlens_padded, cp, rank)
-                cut = vlm.decoder_input(batch.input_ids, batch.vision, index)
+                cut = vlm.decoder_input(batch.input_ids, batch.vision_inputs(), index)
                 torch.testing.assert_close(cut, merged[index], rtol=0, atol=0)
                 rows += index.tolist()
             assert sorted(rows) == list(range(batch.num_tokens))

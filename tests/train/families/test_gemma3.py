@@ -99,7 +99,7 @@ def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pack: str, pa
     assert min(s.input_ids.shape[1] for s in samples) > 16  # every sample is longer than the window
     assert batch.image_blocks.tolist() == model_blocks(samples, batch)
     pixels = [s.inputs["pixel_values"] for s in samples if "pixel_values" in s.inputs]
-    assert torch.equal(batch.vision["pixel_values"], torch.cat(pixels))  # the real processor's, token order
+    assert torch.equal(batch.pixel_values, torch.cat(pixels))  # the real processor's, token order
     assert_equals_alone(setup, batch, pack)
 
 

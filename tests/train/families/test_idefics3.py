@@ -156,11 +156,11 @@ def check_layout(setup: Setup, batch: PackedBatch, variant: str) -> None:
     cu = batch.cu_seqlens_padded.tolist()
     assert batch.position_ids.tolist() == [[p for a, b in zip(cu[:-1], cu[1:]) for p in range(b - a)]]
     assert set(batch.vision) == {"pixel_values", "pixel_attention_mask"}
-    assert torch.equal(batch.vision["pixel_values"], processor_tiles(setup, variant, "pixel_values"))
+    assert torch.equal(batch.pixel_values, processor_tiles(setup, variant, "pixel_values"))
     mask = processor_tiles(setup, variant, "pixel_attention_mask")
     assert torch.equal(batch.vision["pixel_attention_mask"], mask)
     tiles = [r * c + 1 if r else 1 for r, c in GRIDS[variant]]
-    assert batch.vision["pixel_values"].shape[:2] == (1, sum(tiles))
+    assert batch.pixel_values.shape[:2] == (1, sum(tiles))
     assert batch.num_media == len(tiles)
 
 
@@ -215,7 +215,7 @@ def test_mutation_continuing_positions_mixes_samples(setup: Setup, batch: Packed
 
 def test_mutation_dropped_tile_fails(setup: Setup, batch: PackedBatch) -> None:
     """One tile fewer than the text's placeholders: the model's own feature count check fires."""
-    vision = {k: v[:, :-1] for k, v in batch.vision.items()}
+    vision = {k: v[:, :-1] for k, v in batch.vision_inputs().items()}
     with pytest.raises(ValueError, match="Image features and image tokens do not match"):
         varlen_losses(setup, dataclasses.replace(batch, vision=vision))
 
@@ -223,7 +223,7 @@ def test_mutation_dropped_tile_fails(setup: Setup, batch: PackedBatch) -> None:
 def test_mutation_tiles_out_of_token_order_move_the_loss(setup: Setup, batch: PackedBatch) -> None:
     """Images joined in the wrong order (the last image's tiles first): same count, wrong pixels."""
     n = last_image_tiles(PACK)
-    vision = {k: torch.cat([v[:, -n:], v[:, :-n]], dim=1) for k, v in batch.vision.items()}
+    vision = {k: torch.cat([v[:, -n:], v[:, :-n]], dim=1) for k, v in batch.vision_inputs().items()}
     losses = varlen_losses(setup, dataclasses.replace(batch, vision=vision))
     assert loss_diff(setup.truth[PACK], batch, losses) > LARGE
 
@@ -237,7 +237,7 @@ def test_pixel_attention_mask_reaches_its_tiles(setup: Setup, batch: PackedBatch
     """All ones for real tiles (dropping it is a no-op); zeroing the lower half of the last image's
     tile masks moves the losses of the sample that image belongs to, and of no other sample."""
     assert bool(batch.vision["pixel_attention_mask"].bool().all())
-    dropped = {"pixel_values": batch.vision["pixel_values"]}
+    dropped = {"pixel_values": batch.pixel_values}
     losses = varlen_losses(setup, dataclasses.replace(batch, vision=dropped))
     assert loss_diff(setup.truth[PACK], batch, losses) <= TOLERANCE
     mask = batch.vision["pixel_attention_mask"].clone()
@@ -266,7 +266,7 @@ def test_black_and_mean_grey_tiles_are_not_dropped_as_padding(name: str, tmp_pat
     rescale 1/255 no 8-bit pixel normalises to 0, so no real tile of a black or grey image is all zero."""
     family = make_family(name, tmp_path)
     bundle = load_processor(str(family.processor_dir))
-    layout = Idefics3Layout.from_bundle(bundle)
+    layout = dataclasses.replace(Idefics3Layout.from_bundle(bundle), pixel_kwargs={})  # the processor's floats
     counter = find_counter(bundle.processor_class)
     assert counter is not None
     for colour in ((0, 0, 0), (127, 127, 127), (128, 128, 128)):

@@ -66,7 +66,7 @@ def assert_tiles_are_the_processors(batch: PackedBatch, samples: list[Sample]) -
     """The row's ``pixel_values`` is every sample's own processor output, concatenated in order."""
     want = torch.cat([s.inputs["pixel_values"] for s in samples if "pixel_values" in s.inputs])
     assert set(batch.vision) == {"pixel_values"}
-    assert torch.equal(batch.vision["pixel_values"], want)
+    assert torch.equal(batch.pixel_values, want)
 
 
 def test_layout_serves_internvl_processor() -> None:
@@ -89,7 +89,7 @@ def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multip
     assert batch.cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
     assert batch.position_ids.shape == (1, batch.num_tokens)  # 1-D rotary: restarting text positions
     assert (batch.num_tokens > batch.num_real_tokens) == (pad_to_multiple_of > 1)
-    assert batch.vision["pixel_values"].shape == (sum(TILES["A"]), 3, 448, 448)
+    assert batch.pixel_values.shape == (sum(TILES["A"]), 3, 448, 448)
     assert_tiles_are_the_processors(batch, samples)
     assert_equals_alone(setup, batch, "A")
 
@@ -122,7 +122,7 @@ def test_mutation_one_slot_boundaries_mixes_samples(setup: Setup) -> None:
 def test_mutation_dropping_a_tile_fails(setup: Setup) -> None:
     """The thumbnail of sample 2's 3-tile image dropped: 256 placeholders without features."""
     batch = setup.encode("A")
-    pixels = batch.vision["pixel_values"]
+    pixels = batch.pixel_values
     mutated = dataclasses.replace(batch, vision={"pixel_values": torch.cat([pixels[:3], pixels[4:]])})
     with pytest.raises(ValueError, match="do not match"):
         varlen_losses(setup, mutated)
@@ -132,7 +132,7 @@ def test_mutation_wrong_tile_counts_move_the_losses(setup: Setup) -> None:
     """Sample 2's images taken as 1 + 3 tiles instead of 3 + 1 (its single tile first): the same
     total, so no count check can fire; each placeholder gets another tile's features."""
     batch = setup.encode("A")
-    pixels = batch.vision["pixel_values"]  # [A1 | B1 B2 Bthumb | C1]
+    pixels = batch.pixel_values  # [A1 | B1 B2 Bthumb | C1]
     reordered = torch.cat([pixels[:1], pixels[4:5], pixels[1:4]])
     mutated = dataclasses.replace(batch, vision={"pixel_values": reordered})
     assert loss_diff(setup.truth["A"], mutated, varlen_losses(setup, mutated)) > LARGE

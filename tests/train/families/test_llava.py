@@ -131,7 +131,7 @@ def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multip
 def test_two_packs_joined_equal_samples_alone(setup: Setup) -> None:
     """`concat_batches` of packs whose largest tile counts differ: tiles re-padded to the row's largest."""
     first, second = setup.encode("A"), setup.encode("B")
-    assert first.vision["pixel_values"].shape[1] != second.vision["pixel_values"].shape[1]
+    assert first.pixel_values.shape[1] != second.pixel_values.shape[1]
     assert_equals_alone(setup, concat_batches([first, second], setup.encoder.joins), "A", "B")
 
 

@@ -65,7 +65,7 @@ def assert_vision_is_the_processors(batch: PackedBatch, samples: list[Sample]) -
         for i in zip(*(s.inputs[k] for k in ("pixel_values", "image_sizes")))
     ]
     sizes = batch.vision["image_sizes"]
-    pixels = batch.vision["pixel_values"]
+    pixels = batch.pixel_values
     assert sizes.tolist() == [size.tolist() for _, size in images]
     assert tuple(pixels.shape[2:]) == tuple(int(v) for v in sizes.max(dim=0).values)  # padded to the largest
     for got, (want, (height, width)) in zip(pixels, images):
@@ -99,7 +99,7 @@ def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup, pad_to_multi
     batch = concat_batches([a, b], setup.encoder.joins)
     samples = setup.samples_of("A", "B")
     assert batch.pack_keys == ("pack-A", "pack-B") and batch.num_samples == len(samples)
-    assert batch.vision["pixel_values"].shape[2] > a.vision["pixel_values"].shape[2]  # A's images padded more
+    assert batch.pixel_values.shape[2] > a.pixel_values.shape[2]  # A's images padded more
     assert_vision_is_the_processors(batch, samples)
     assert_equals_alone(setup, batch, "A", "B")
 
@@ -127,7 +127,7 @@ def test_mutation_dropping_a_samples_image_sizes_fails(setup: Setup) -> None:
     mutated = dataclasses.replace(batch, vision=batch.vision | {"image_sizes": sizes[1:]})
     with pytest.raises(ValueError, match="do not match"):
         varlen_losses(setup, mutated)
-    without = dataclasses.replace(batch, vision={"pixel_values": batch.vision["pixel_values"]})
+    without = dataclasses.replace(batch, vision={"pixel_values": batch.pixel_values})
     with pytest.raises((ValueError, TypeError)):  # LLaVA: every image at full padded size; Mistral 3: required
         varlen_losses(setup, without)
 
