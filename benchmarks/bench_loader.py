@@ -34,7 +34,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -383,6 +383,17 @@ def print_demand(demand: GpuDemand, image_fraction: float) -> dict[str, float]:
     }
 
 
+def keep_best(best: dict[tuple[str, int, str], LoaderRun], key: tuple[str, int, str], run: LoaderRun) -> None:
+    """Keep the faster run per row; peak worker memory is the largest seen over the repeats."""
+    old = best.get(key)
+    if old is None:
+        best[key] = run
+        return
+    faster = run if run.tokens_per_s > old.tokens_per_s else old
+    best[key] = replace(faster, worker_rss_mb=max(run.worker_rss_mb, old.worker_rss_mb),
+                        worker_uss_mb=max(run.worker_uss_mb, old.worker_uss_mb))  # fmt: skip
+
+
 def print_runs(runs: list[LoaderRun]) -> None:
     print(
         f"\n  {'encode path':<36}{'mbs':>5}{'images':>8}{'real tok':>10}{'startup s':>11}{'steady s':>10}"
@@ -466,6 +477,7 @@ def main() -> None:
     )
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved runs per row; the fastest is reported")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the generated data here (default: temp)")
     args = parser.parse_args()
     from prep.example.model import write_tiny_model
@@ -485,16 +497,20 @@ def main() -> None:
             f"{IMAGE_SIZES[0][0]}x{IMAGE_SIZES[0][1]}..{IMAGE_SIZES[-1][0]}x{IMAGE_SIZES[-1][1]} JPEG, 1-4 per sample;"
             f" Qwen2-VL processor; pack size {args.pack_size} ({secs})"
         )
-        runs, passes = [], []
-        for pixels in args.pixels:
-            if args.in_process_packs:
-                run, _ = in_process_run(data["packed"], data["processor"], model, args.in_process_packs, pixels)
-                runs.append(run)
-        for workers in args.workers:
-            for pixels in args.pixels:  # the wires one after the other at each worker count
-                run, got = loader_run(data["packed"], data["processor"], model, workers, pixels)
-                runs.append(run)
-                passes.append(got)
+        best: dict[tuple[str, int, str], LoaderRun] = {}  # the fastest of --repeats interleaved runs
+        passes = []
+        for _ in range(args.repeats):
+            for pixels in args.pixels:
+                if args.in_process_packs:
+                    run, _ = in_process_run(data["packed"], data["processor"], model, args.in_process_packs, pixels)
+                    keep_best(best, ("in-process", 1, pixels), run)
+            for workers in args.workers:
+                for pixels in args.pixels:  # the wires one after the other at each worker count
+                    run, got = loader_run(data["packed"], data["processor"], model, workers, pixels)
+                    keep_best(best, ("Energon", workers, pixels), run)
+                    passes = passes or [got]
+        runs = list(best.values())
+        print(f"\nbest of {args.repeats} interleaved run(s) per row:")
         print_runs(runs)
         demands = print_demand(GpuDemand(), image_fraction)
         default_workers = next(f.default for f in fields(LoaderConfig) if f.name == "num_workers")
