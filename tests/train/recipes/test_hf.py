@@ -87,6 +87,17 @@ def test_resume_continues_with_the_same_batches_losses_and_weights(run_inputs, t
         torch.testing.assert_close(final_resumed[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_uint8_and_float32_pixels_train_the_same_trajectory(run_inputs, tmp_path):
+    """8-bit pixels made float in the step are the processor's floats bit for bit: every step's loss and
+    gradient norm, and the final weights, equal a run that ships the processor's float32 output."""
+    raw = _train(run_inputs, tmp_path / "uint8", "--max-steps", "3", "--save-every", "3")
+    floats = _train(run_inputs, tmp_path / "float32", "--max-steps", "3", "--save-every", "3", "--pixels", "float32")
+    assert sum(sum(m["media"]) for m in raw) > 0  # the steps held images (per rank)
+    assert [(m["loss"], m["grad_norm"]) for m in raw] == [(m["loss"], m["grad_norm"]) for m in floats]
+    a, b = _weights(tmp_path / "uint8", 3), _weights(tmp_path / "float32", 3)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_thirty_steps_lower_the_loss_and_leave_a_loadable_checkpoint(run_inputs, tmp_path):
     from transformers import AutoModelForImageTextToText
 
