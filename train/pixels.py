@@ -53,8 +53,8 @@ def normalization_table(image_processor: Any, overrides: Mapping[str, Any] | Non
     (``do_rescale``, ``rescale_factor``, ``do_normalize``, ``image_mean``, ``image_std``), where
     ``overrides`` (a processor's ``images_kwargs``) take precedence as in a processor call.
     """
-    settings = {k: getattr(image_processor, k, None) for k in ("do_rescale", "rescale_factor", "do_normalize")}
-    settings |= {k: getattr(image_processor, k, None) for k in ("image_mean", "image_std")}
+    names = ("do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std")
+    settings = {k: getattr(image_processor, k, None) for k in names}
     settings |= {k: v for k, v in (overrides or {}).items() if k in settings and v is not None}
     mean = settings["image_mean"]
     channels = len(mean) if isinstance(mean, (list, tuple)) else 3
