@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from train.batch import IGNORE_INDEX, PackedBatch
 from train.forward import packed_forward
+from train.loss import upcast
 from train.models import ModelLoadError
 
 #: label positions per chunk. 256 x 151,936 fp32 logits are 0.16 GB per copy, about 3.5 copies live
@@ -159,7 +160,7 @@ def label_positions(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
 
 
 def _chunk_loss_sum(head: OutputHead, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head.logits(hidden).float(), targets, reduction="sum")
+    return F.cross_entropy(upcast(head.logits(hidden)), targets, reduction="sum")
 
 
 def chunked_cross_entropy_sum(
@@ -208,7 +209,7 @@ def _liger_cross_entropy_sum(head: OutputHead, hidden: torch.Tensor, targets: to
         reduction="sum",
         softcap=head.softcap,
     )
-    return loss.float()
+    return upcast(loss)
 
 
 def chunked_token_loss_sum(

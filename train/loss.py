@@ -30,10 +30,15 @@ from torch.nn import functional as F
 from train.batch import IGNORE_INDEX, PackedBatch
 
 
+def upcast(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in at least fp32 for the softmax: bf16/fp16 go up, fp64 (the tests' exact truth) stays."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def _shifted(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}")
-    return logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten()
+    return upcast(logits[:, :-1]).flatten(0, 1), labels[:, 1:].flatten()
 
 
 def per_token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -4,17 +4,19 @@ Truth: ``token_loss_sum(packed_forward(model, batch), batch.labels)`` (full ``[1
 logits, itself checked against samples run alone in `test_equivalence.py`) and its gradients.
 Tiny random models of every family `tests.train.models.FAMILIES` trains (Qwen2/2.5/3-VL,
 GLM-4.1V/4.6V, the Qwen2.5/3-Omni thinkers) on the four-conversation pack (text-only, one
-image, two images, text-only), fp32 on CPU; text-only Gemma 2 (final logit softcapping) and
+image, two images, text-only), float64 on CPU; text-only Gemma 2 (final logit softcapping) and
 Cohere (logit scale) models for the post-processing rules; and every `prep example` family's
 model for the premise (its forward returns its head's output unchanged).
 
-Tolerance, fp32: the summed loss and every gradient entry within 1e-6 relative (to
-max(1, |truth|)). The logits of a position are the full path's; what moves is the order of
-summation (the full path also sums the zeros of ignored positions): one or two ulps of the
-sum, which no fp32 reordering avoids (one ulp of a mean loss of 8 is already 1e-6). Measured
-over these families with 7-row and 256-row chunks: |loss sum| differences <= 1.2e-4 on sums
-of 380..1100 (<= 2.3e-7 relative), gradient entries <= 2.3e-5 on gradients up to 115
-(<= 4.2e-7 relative); one chunk gives bitwise-equal gradients.
+Truth and candidate both run in float64 (`exact`), so the comparison holds at any thread
+count and on any CPU: in fp32 the chunked and full paths differ only in the order of their sums
+(the full path also sums the zeros of ignored positions), by a few ulps that move with the
+number of threads (2 threads on an AMD EPYC: 4.3e-6 relative on a gradient entry). In fp64 a
+reordered sum of N <= 2,000 terms moves by at most N * 1.1e-16 relative to the sum of its
+magnitudes (~2e-13); the models' own fp32 islands (RMSNorm, rotary tables) see bit-identical
+inputs on both paths. Measured here: <= 5e-16 relative on every loss and gradient. TOLERANCE
+(1e-9, relative to max(1, |truth|)) sits far above that and far below what a real fault moves
+(a dropped chunk, a wrong mask or shift: > 1e-3). One chunk gives bitwise-equal gradients.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from train.batch import IGNORE_INDEX, PackedBatch
 from train.chunked_loss import DEFAULT_CHUNK_SIZE, OutputHeadError, chunked_token_loss_sum, identity_head, output_head
 from train.encoder import PackEncoder
 from train.forward import packed_forward
-from train.loss import token_loss_sum
+from train.loss import token_loss_sum, upcast
 
-TOLERANCE = 1e-6  # relative to max(1, |truth|): fp32 sums in another order (see the docstring)
+TOLERANCE = 1e-9  # relative to max(1, |truth|), both paths in float64 (see the docstring)
 SMALL_CHUNK = 7  # far fewer rows than label positions: many chunks, and a ragged last one
 
 
@@ -49,6 +51,13 @@ class Result:
     loss_sum: float
     count: int
     grads: dict[str, torch.Tensor]
+
+
+def exact(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in float64 (experts as plain loops: torch's grouped matmul has no fp64 kernel)."""
+    if getattr(model, "_can_set_experts_implementation", lambda: False)():
+        model.set_experts_implementation("eager")
+    return model.double()
 
 
 def full_logits(model: torch.nn.Module, batch: PackedBatch) -> tuple[torch.Tensor, int]:
@@ -84,7 +93,8 @@ def build_setup(name: str, root: Path) -> Setup:
     processor = load_processor(str(family.processor_dir)).processor
     samples = [process(processor, c) for c in CONVERSATIONS]
     encoder = PackEncoder.from_pretrained(str(family.processor_dir), str(family.model_dir))
-    return Setup(tiny_model(family), encoder.encode(pack_samples(samples, family.processor_dir, pad_to_multiple_of=16)))
+    batch = encoder.encode(pack_samples(samples, family.processor_dir, pad_to_multiple_of=16))
+    return Setup(exact(tiny_model(family)), batch)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -187,7 +197,7 @@ def test_liger_backend_gets_the_label_positions_head_and_softcap(
     def fused(*, input, weight, target, bias, ignore_index, reduction, softcap):  # type: ignore[no-untyped-def]
         calls.append(input.shape[0])
         assert ignore_index == IGNORE_INDEX and reduction == "sum" and softcap is None
-        return F.cross_entropy(F.linear(input, weight, bias).float(), target, reduction="sum")
+        return F.cross_entropy(upcast(F.linear(input, weight, bias)), target, reduction="sum")
 
     monkeypatch.setattr(chunked_loss, "liger_fused_linear_cross_entropy", lambda: fused)
     full = run(setup.model, setup.batch, full_logits)
@@ -200,7 +210,7 @@ def test_liger_backend_gets_the_label_positions_head_and_softcap(
 
 def text_model(config: object) -> torch.nn.Module:
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=PACKED_ATTENTION).train()
+    return exact(AutoModelForCausalLM.from_config(config, attn_implementation=PACKED_ATTENTION).train())
 
 
 def text_batch(vocab_size: int, lengths: tuple[int, ...] = (9, 14, 6)) -> PackedBatch:
