@@ -13,6 +13,7 @@ LLaMA-Factory (``src/llamafactory/data/parser.py``, ``DatasetAttr``; ``data/READ
                  "observation_tag": "observation", "system_tag": "system"},
         "num_samples": 1000, "split": "train",  # LLaMA-Factory keys
         "media_dir": "media",                  # packvlm: relative media paths resolve here
+        "media_root": ["media"],               # packvlm: media must resolve inside (str or list)
         "sample_ratio": 1.0,                   # packvlm: <1 seeded subset, >1 copies + seeded rest
         "video": {"fps": 2.0, "min_frames": 4, "max_frames": 768}
       }
@@ -46,7 +47,7 @@ DATASET_CONFIG_VERSION = 1
 HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url")
 ENTRY_KEYS = frozenset(
     {"file_name", "cloud_file_name", "formatting", "ranking", "subset", "split", "folder", "num_samples"}
-    | {"columns", "tags", "media_dir", "sample_ratio", "video", *HUB_KEYS}
+    | {"columns", "tags", "media_dir", "media_root", "sample_ratio", "video", *HUB_KEYS}
 )
 ALPACA_TEXT_COLUMNS = ("prompt", "query", "response")  # unset when `columns` is given without them
 UNUSED_COLUMNS = frozenset({"chosen", "rejected"})  # read by LLaMA-Factory only with ranking: true
@@ -128,6 +129,7 @@ class DatasetSpec:
     num_samples: int | None = None  # LLaMA-Factory: a seeded subset of this many records
     split: str = "train"  # LLaMA-Factory: the split of a dataset folder
     cloud_file_name: str | None = None  # s3:// or gs:// URL; replaces file_name when set
+    media_roots: tuple[Path, ...] = ()  # "media_root": media resolving elsewhere are media_outside_root rows
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -251,6 +253,7 @@ def parse_dataset_spec(name: str, raw: dict[str, Any], base_dir: Path) -> Datase
     media_dir = _resolve(base_dir / raw.get("media_dir", "."), f"{where}: media_dir")
     if not media_dir.is_dir():
         raise ConfigError(f"{where}: media_dir {str(media_dir)!r} is not a directory")
+    media_roots = _media_roots(raw.get("media_root"), base_dir, where)
     video = VideoSampling(**_sub(VideoSampling, raw.get("video"), f"{where}.video"))
     if video.fps is not None and video.fps <= 0:
         raise ConfigError(f"{where}.video.fps must be > 0 or null")
@@ -266,7 +269,22 @@ def parse_dataset_spec(name: str, raw: dict[str, Any], base_dir: Path) -> Datase
         num_samples=num_samples,
         split=split,
         cloud_file_name=cloud,
+        media_roots=media_roots,
     )
+
+
+def _media_roots(raw: Any, base_dir: Path, where: str) -> tuple[Path, ...]:
+    """``media_root``: a directory or a list of them, relative to the config, resolved through symlinks."""
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
+        raise ConfigError(f"{where}: media_root must be a directory or a list of them, got {raw!r}")
+    roots = tuple(_resolve(base_dir / item, f"{where}: media_root") for item in items)
+    for root in roots:
+        if not root.is_dir():
+            raise ConfigError(f"{where}: media_root {str(root)!r} is not a directory")
+    return roots
 
 
 def _resolve(path: Path, what: str) -> Path:
@@ -346,6 +364,8 @@ def spec_to_json(spec: DatasetSpec) -> dict[str, Any]:
         v = getattr(spec, f.name)
         if isinstance(v, Path):
             v = str(v)
+        elif isinstance(v, tuple) and all(isinstance(x, Path) for x in v):
+            v = [str(x) for x in v]
         elif hasattr(v, "__dataclass_fields__"):
             v = {g.name: getattr(v, g.name) for g in fields(v)}
         out[f.name] = v

@@ -107,6 +107,24 @@ class LmdbPool:
         self._envs.clear()
 
 
+def check_media_roots(ref: MediaRef, *root_sets: tuple[str, ...]) -> None:
+    """Raise ``media_outside_root`` unless ``ref``'s file resolves (``..``, symlinks) inside a root of
+    every non-empty set (roots already resolved). Sets narrow each other: a dataset config can
+    confine its media further than ``--media-root``, never widen it."""
+    if not any(root_sets):
+        return
+    if "://" in ref.path:
+        raise MediaError(Reason.MEDIA_OUTSIDE_ROOT, f"{ref.format()}: not a local file, and --media-root is set")
+    real = os.path.realpath(ref.path)
+    for roots in root_sets:
+        if roots and not any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots):
+            raise MediaError(
+                Reason.MEDIA_OUTSIDE_ROOT,
+                f"{ref.format()}: resolves to {real}, outside the media roots {list(roots)}; move the file under one "
+                "or add its directory with --media-root",
+            )
+
+
 def read_bytes(ref: MediaRef, pool: LmdbPool) -> bytes:
     """The original encoded bytes of a media item (for verification and shard writing)."""
     if ref.key is not None:

@@ -85,6 +85,7 @@ def process_chunk(chunk: Chunk, spec: DatasetSpec, tok: SampleTokenizer, verify:
             _append_errors(errs, base, record.copies, record.parsed)
             continue
         try:
+            tok.check_confined(record.parsed, tuple(str(r) for r in spec.media_roots))
             sample = tok.tokenize(record.parsed, spec.video)
             checked = _verify(tok, record.parsed, spec, sample, verify, make_sample_id(chunk.dataset, record.line, 0))
         except SampleError as exc:
