@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -44,6 +45,7 @@ from typing import Any
 from packvlm.errors import UsageError
 
 DATASET_CONFIG_VERSION = 1
+_CREDENTIALS_IN_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]+@")  # user[:password]@ (packvlm.secrets)
 HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url")
 ENTRY_KEYS = frozenset(
     {"file_name", "cloud_file_name", "formatting", "ranking", "subset", "split", "folder", "num_samples"}
@@ -244,6 +246,12 @@ def parse_dataset_spec(name: str, raw: dict[str, Any], base_dir: Path) -> Datase
     cloud = raw.get("cloud_file_name")
     if cloud is not None and not (isinstance(cloud, str) and "://" in cloud):
         raise ConfigError(f"{where}: cloud_file_name must be a URL such as 's3://bucket/data.jsonl', got {cloud!r}")
+    if cloud is not None and _CREDENTIALS_IN_URL.match(cloud):
+        raise ConfigError(
+            f"{where}: cloud_file_name carries credentials (user:secret@), which would be recorded as the data's "
+            "address in manifests and errors: give them in the environment (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or the SDK's credential files instead"
+        )
     if cloud is not None:
         file_name = Path(cloud)
     else:

@@ -161,8 +161,20 @@ def run_identity(config: TokenizeConfig, specs: list[DatasetSpec], processor: Pr
             "path": str(Path(config.dataset_config).resolve()),
             **file_fingerprint(config.dataset_config),
         },
-        "data_files": {spec.name: file_fingerprint(spec.file_name) for spec in specs},
+        "data_files": {spec.name: _data_fingerprint(spec) for spec in specs},
     }
+
+
+def _data_fingerprint(spec: DatasetSpec) -> dict[str, Any]:
+    """`file_fingerprint` of a local data file; for ``cloud_file_name`` its objects' sizes and ETags
+    (listing metadata, no download; a local ``open`` of the URL failed every cloud run)."""
+    if spec.cloud_file_name is None:
+        return file_fingerprint(spec.file_name)
+    from prep.sources.files import cloud_url, filesystem
+
+    fs, url = filesystem(spec.cloud_file_name), cloud_url(spec.cloud_file_name)
+    infos = [fs.info(p) for p in sorted(fs.find(url))] if fs.isdir(url) else [fs.info(url)]
+    return {"size": sum(int(i.get("size", 0)) for i in infos), "etags": [str(i.get("ETag", "")) for i in infos]}
 
 
 def _done(out: Path, chunk: Chunk) -> bool:
