@@ -93,7 +93,7 @@ def test_tokenize_refuses_bombs_without_decoding_them(tmp_path, processor_dirs) 
     bombs = _errors(Path(configs[1][1] + ".tok"))
     assert [(e["line"], e["reason"]) for e in bombs] == [(i, "image_too_large") for i in range(len(FORMATS))]
     assert all(f"{BOMB_SIDE * BOMB_SIDE:,} pixels" in e["message"] for e in bombs), bombs
-    _growth(run)
+    print(f"peak RSS growth over the clean phase: {_growth(run)}")
 
 
 def _errors(out: Path) -> list[dict]:
@@ -138,4 +138,4 @@ def test_train_loader_refuses_a_bomb_in_a_pack_without_decoding_it(tmp_path) -> 
     assert run["bombs"]["decoded"] == [] and len(refused) == len(FORMATS), refused
     assert all(kind == "ImageTooLargeError" for _, kind, _ in refused), refused  # a data error: exit 1
     assert all("pack-00000000, sample d:0:0" in m and f"{BOMB_SIDE * BOMB_SIDE:,} pixels" in m for *_, m in refused)
-    _growth(run)
+    print(f"peak RSS growth over the clean phase: {_growth(run)}")
