@@ -6,6 +6,7 @@ import logging
 
 import click
 
+from packvlm.secrets import install_log_redaction
 from prep.cli_errors import ErrorMappingGroup, debug_option
 from prep.energon.cli import energon_blend_command, energon_index_command
 from prep.errors.cli import errors_command
@@ -29,6 +30,7 @@ class PrepGroup(ErrorMappingGroup):
 def main(verbose: bool, debug: bool) -> None:
     """packvlm offline data preparation."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    install_log_redaction()  # credentials never reach a log line (packvlm.secrets)
 
 
 main.add_command(example_command)

@@ -18,6 +18,7 @@ from typing import ClassVar, NoReturn
 import click
 
 from packvlm.errors import ExitCode, PackvlmError, UsageError
+from packvlm.secrets import redact
 
 
 class ErrorMappingGroup(click.Group):
@@ -30,7 +31,7 @@ class ErrorMappingGroup(click.Group):
         try:
             return super().invoke(ctx)
         except UsageError as exc:
-            raise click.UsageError(str(exc)) from exc
+            raise click.UsageError(redact(str(exc))) from exc
         except PackvlmError as exc:
             if exc.exit_code == ExitCode.INTERNAL and ctx.params.get("debug"):
                 raise
@@ -61,7 +62,7 @@ class ErrorMappingGroup(click.Group):
 
 
 def _fail(message: str, code: ExitCode) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {redact(message)}", err=True)
     sys.exit(code)
 
 

@@ -13,6 +13,7 @@ LLaMA-Factory (``src/llamafactory/data/parser.py``, ``DatasetAttr``; ``data/READ
                  "observation_tag": "observation", "system_tag": "system"},
         "num_samples": 1000, "split": "train",  # LLaMA-Factory keys
         "media_dir": "media",                  # packvlm: relative media paths resolve here
+        "media_root": ["media"],               # packvlm: media must resolve inside (str or list)
         "sample_ratio": 1.0,                   # packvlm: <1 seeded subset, >1 copies + seeded rest
         "video": {"fps": 2.0, "min_frames": 4, "max_frames": 768}
       }
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -43,10 +45,11 @@ from typing import Any
 from packvlm.errors import UsageError
 
 DATASET_CONFIG_VERSION = 1
+_CREDENTIALS_IN_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]+@")  # user[:password]@ (packvlm.secrets)
 HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url")
 ENTRY_KEYS = frozenset(
     {"file_name", "cloud_file_name", "formatting", "ranking", "subset", "split", "folder", "num_samples"}
-    | {"columns", "tags", "media_dir", "sample_ratio", "video", *HUB_KEYS}
+    | {"columns", "tags", "media_dir", "media_root", "sample_ratio", "video", *HUB_KEYS}
 )
 ALPACA_TEXT_COLUMNS = ("prompt", "query", "response")  # unset when `columns` is given without them
 UNUSED_COLUMNS = frozenset({"chosen", "rejected"})  # read by LLaMA-Factory only with ranking: true
@@ -128,6 +131,7 @@ class DatasetSpec:
     num_samples: int | None = None  # LLaMA-Factory: a seeded subset of this many records
     split: str = "train"  # LLaMA-Factory: the split of a dataset folder
     cloud_file_name: str | None = None  # s3:// or gs:// URL; replaces file_name when set
+    media_roots: tuple[Path, ...] = ()  # "media_root": media resolving elsewhere are media_outside_root rows
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -242,6 +246,12 @@ def parse_dataset_spec(name: str, raw: dict[str, Any], base_dir: Path) -> Datase
     cloud = raw.get("cloud_file_name")
     if cloud is not None and not (isinstance(cloud, str) and "://" in cloud):
         raise ConfigError(f"{where}: cloud_file_name must be a URL such as 's3://bucket/data.jsonl', got {cloud!r}")
+    if cloud is not None and _CREDENTIALS_IN_URL.match(cloud):
+        raise ConfigError(
+            f"{where}: cloud_file_name carries credentials (user:secret@), which would be recorded as the data's "
+            "address in manifests and errors: give them in the environment (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or the SDK's credential files instead"
+        )
     if cloud is not None:
         file_name = Path(cloud)
     else:
@@ -251,6 +261,7 @@ def parse_dataset_spec(name: str, raw: dict[str, Any], base_dir: Path) -> Datase
     media_dir = _resolve(base_dir / raw.get("media_dir", "."), f"{where}: media_dir")
     if not media_dir.is_dir():
         raise ConfigError(f"{where}: media_dir {str(media_dir)!r} is not a directory")
+    media_roots = _media_roots(raw.get("media_root"), base_dir, where)
     video = VideoSampling(**_sub(VideoSampling, raw.get("video"), f"{where}.video"))
     if video.fps is not None and video.fps <= 0:
         raise ConfigError(f"{where}.video.fps must be > 0 or null")
@@ -266,7 +277,22 @@ def parse_dataset_spec(name: str, raw: dict[str, Any], base_dir: Path) -> Datase
         num_samples=num_samples,
         split=split,
         cloud_file_name=cloud,
+        media_roots=media_roots,
     )
+
+
+def _media_roots(raw: Any, base_dir: Path, where: str) -> tuple[Path, ...]:
+    """``media_root``: a directory or a list of them, relative to the config, resolved through symlinks."""
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
+        raise ConfigError(f"{where}: media_root must be a directory or a list of them, got {raw!r}")
+    roots = tuple(_resolve(base_dir / item, f"{where}: media_root") for item in items)
+    for root in roots:
+        if not root.is_dir():
+            raise ConfigError(f"{where}: media_root {str(root)!r} is not a directory")
+    return roots
 
 
 def _resolve(path: Path, what: str) -> Path:
@@ -346,6 +372,8 @@ def spec_to_json(spec: DatasetSpec) -> dict[str, Any]:
         v = getattr(spec, f.name)
         if isinstance(v, Path):
             v = str(v)
+        elif isinstance(v, tuple) and all(isinstance(x, Path) for x in v):
+            v = [str(x) for x in v]
         elif hasattr(v, "__dataclass_fields__"):
             v = {g.name: getattr(v, g.name) for g in fields(v)}
         out[f.name] = v

@@ -309,18 +309,35 @@ class ShardRecord:
     name: str  # relative to the packed directory, e.g. "shards/shard-000000.tar"
     packs: int
     samples: int
-    bytes: int
+    bytes: int  # the file's size: checked whenever the shards are opened (a stat)
+    sha256: str = ""  # hex SHA-256 of the file, v2 ("" read from version 1: not recorded)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ShardsManifest(Manifest):
-    """``shards.json``: the shards written from a plan, after reading every one back."""
+    """``shards.json``: the shards written from a plan, after reading every one back.
+
+    Version 2 adds each shard's ``sha256`` (`schemas.packed.check_shard_files`); a version-1
+    manifest is read with the hashes empty (sizes are still checked; `prep shards` records them).
+    """
 
     STAGE: ClassVar[Stage] = Stage.SHARDS
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     plan_sha256: str  # the plan.arrow these shards were written from
     shards: tuple[ShardRecord, ...]
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> ShardsManifest:
+        """Read versions 2 and 1 (no sha256 per shard)."""
+        if isinstance(raw, dict) and raw.get("stage") == cls.STAGE.value and raw.get("schema_version") == 1:
+            raw = {**raw, "schema_version": cls.VERSION}
+        return super(ShardsManifest, cls).from_json(raw, where)
+
+    @property
+    def has_sha256(self) -> bool:
+        """Whether every shard's hash was recorded (version 2)."""
+        return all(s.sha256 for s in self.shards)
 
     @property
     def num_packs(self) -> int:

@@ -7,7 +7,8 @@ Directory (``OUT``)::
     OUT/manifest.json            PackManifest: options, inputs' sha256, statistics, oversize, plan
     OUT/pack_stats.arrow         one row per pack (PACK_STATS_SCHEMA), for `prep stats`
     OUT/shards/shard-000000.tar  plain uncompressed tar, >= 1 pack, written via temp + rename
-    OUT/shards.json              ShardsManifest, written by `prep shards` after reading all back
+    OUT/shards.json              ShardsManifest, written by `prep shards` after reading all back:
+                                 each shard's size and sha256 (`check_shard_files`)
     OUT/.nv-meta/...             added by `prep energon-index` (Energon's own files)
 
 The directory is complete when ``shards.json`` names the plan's sha256 (`read_packed_output`).
@@ -47,8 +48,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packvlm.errors import DataBudgetError
 from schemas.layout import MANIFEST_FILE
-from schemas.manifest import SHARDS_MANIFEST_FILE, ManifestError, PackManifest, ShardsManifest, read_manifest
+from schemas.manifest import (
+    SHARDS_MANIFEST_FILE,
+    ManifestError,
+    PackManifest,
+    ShardRecord,
+    ShardsManifest,
+    file_sha256,
+    read_manifest,
+)
 from schemas.media_ref import MediaRef
 
 PACKED_SCHEMA_VERSION = 2  # 2: media num_tiles
@@ -206,6 +216,10 @@ class IncompleteShardsError(ManifestError):
     """The plan exists but its shards are missing or from another plan: run `prep shards`."""
 
 
+class ShardIntegrityError(DataBudgetError):
+    """A shard is not the file `prep shards` wrote (truncated, overwritten, a flipped byte): a data error."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackedOutput:
     """A complete packed directory: the pack manifest and the shards written from its plan."""
@@ -240,6 +254,40 @@ def read_packed_output(root: str | Path) -> PackedOutput:
     if missing:
         raise IncompleteShardsError(f"{root}: shards {missing[:3]} are missing; run `prep shards {root}`")
     return PackedOutput(root=root, manifest=manifest, shards=shards)
+
+
+def shard_difference(root: Path, record: ShardRecord, *, hashes: bool) -> str | None:
+    """How the shard ``record`` names differs from what was recorded, or None when it does not.
+
+    Its size always (a stat); its sha256 too with ``hashes`` (reads every byte) when recorded.
+    """
+    path = root / record.name
+    size = path.stat().st_size if path.is_file() else None
+    if size is None:
+        return "is missing"
+    if size != record.bytes:
+        return f"is {size:,} bytes, {SHARDS_MANIFEST_FILE} records {record.bytes:,} (truncated or overwritten)"
+    if hashes and record.sha256 and file_sha256(path) != record.sha256:
+        return f"has another sha256 than {SHARDS_MANIFEST_FILE} records (damaged: a changed byte)"
+    return None
+
+
+def check_shard_files(packed: PackedOutput, *, hashes: bool) -> int:
+    """Raise `ShardIntegrityError` naming the first shard that differs from ``shards.json``.
+
+    Sizes are checked always; sha256 only with ``hashes`` and when recorded (version 2).
+
+    Returns:
+        How many shards were hashed (0 without ``hashes`` or for a version-1 ``shards.json``).
+    """
+    for record in packed.shards.shards:
+        problem = shard_difference(packed.root, record, hashes=hashes)
+        if problem is not None:
+            raise ShardIntegrityError(
+                f"shard {packed.root / record.name} {problem}: run `prep shards {packed.root}` (it rewrites shards "
+                f"that differ from {SHARDS_MANIFEST_FILE}), then `prep energon-index {packed.root}`"
+            )
+    return sum(1 for r in packed.shards.shards if r.sha256) if hashes else 0
 
 
 # --- a pack as a loader reads it back (`packvlm.energon` cooks shards into these) ---------

@@ -15,6 +15,7 @@ class Reason(str, Enum):
     BAD_ROLE = "bad_role"
     MEDIA_TAG_MISMATCH = "media_tag_mismatch"
     MISSING_MEDIA = "missing_media"
+    MEDIA_OUTSIDE_ROOT = "media_outside_root"  # resolves (after .. and symlinks) outside every --media-root
     MISSING_LMDB_KEY = "missing_lmdb_key"
     CORRUPT_IMAGE = "corrupt_image"
     IMAGE_TOO_LARGE = "image_too_large"  # more pixels than --max-image-pixels (e.g. a decompression bomb)

@@ -4,11 +4,14 @@ The model and the processor's files go through ``save_pretrained``/file copies s
 checkpoint loads in plain transformers; everything the loop needs to continue sits beside
 them (:mod:`schemas.train` gives the layout). A checkpoint is written under a temp name and
 renamed only when every rank has written its loader state, then ``latest`` is replaced
-atomically: a run killed mid-save resumes from the previous complete checkpoint.
+atomically: a run killed mid-save resumes from the previous complete checkpoint. A disk that
+fills during the save is `CheckpointDiskFullError` (exit 3): the temp directory is removed and
+the previous checkpoint and ``latest`` are as they were.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from dataclasses import dataclass
@@ -18,7 +21,7 @@ from typing import Any
 import torch
 
 from packvlm.atomic import write_bytes_atomic
-from packvlm.errors import UsageError
+from packvlm.errors import ResourceError, UsageError
 from schemas.layout import TMP_PREFIX
 from schemas.train import (
     CHECKPOINTS_DIR,
@@ -33,10 +36,15 @@ from train.distributed import DistContext, barrier
 # Files of a processor directory that a checkpoint carries (weights and caches never).
 PROCESSOR_FILE_PATTERNS = ("*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken")
 MODEL_FILES = ("config.json", "generation_config.json")
+DISK_FULL_BYTES = 1 << 20  # a write failing with less free than this is a full disk
 
 
 class CheckpointError(UsageError):
     """No usable checkpoint where --resume expects one."""
+
+
+class CheckpointDiskFullError(ResourceError):
+    """The disk filled while a checkpoint was written; the previous one and ``latest`` are untouched."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,11 +114,20 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier(ctx)
-    torch.save(loader_state, tmp / loader_state_name(ctx.rank))
-    if ctx.is_main:
-        model.save_pretrained(tmp)
-        copy_processor_files(processor_dir, tmp)
-        torch.save(state.to_dict(), tmp / TRAINER_STATE_FILE)
+    try:
+        torch.save(loader_state, tmp / loader_state_name(ctx.rank))
+        if ctx.is_main:
+            model.save_pretrained(tmp)
+            copy_processor_files(processor_dir, tmp)
+            torch.save(state.to_dict(), tmp / TRAINER_STATE_FILE)
+    except Exception as exc:
+        if not _disk_full(exc, root):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # give the space back; `latest` still names the previous one
+        raise CheckpointDiskFullError(
+            f"no space left on the device writing checkpoint {final.name} in {root} ({type(exc).__name__}); the "
+            "previous checkpoint and `latest` are intact: free space and rerun the same command with --resume"
+        ) from exc
     barrier(ctx)
     if ctx.is_main:
         shutil.rmtree(final, ignore_errors=True)
@@ -118,6 +135,17 @@ def save_checkpoint(
         write_bytes_atomic(root / LATEST_FILE, f"{final.name}\n".encode())
     barrier(ctx)
     return final
+
+
+def _disk_full(exc: BaseException, where: Path) -> bool:
+    """ENOSPC / EDQUOT, or a failed write on a filesystem with (almost) nothing left: torch.save and
+    safetensors report a full disk as RuntimeError / their own errors, without the errno."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return shutil.disk_usage(where).free < DISK_FULL_BYTES
+    except OSError:
+        return False
 
 
 def latest_checkpoint(out: Path) -> Path | None:

@@ -6,6 +6,7 @@ import logging
 
 import click
 
+from packvlm.secrets import install_log_redaction
 from prep.cli_errors import ErrorMappingGroup, debug_option
 from train.recipes.hf import hf_command
 from train.recipes.megatron import megatron_command
@@ -22,6 +23,7 @@ class TrainGroup(ErrorMappingGroup):
 def main(verbose: bool, debug: bool) -> None:
     """packvlm training on `prep pack` shards: exact packed (THD / varlen) micro-batches."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    install_log_redaction()  # credentials never reach a log line (packvlm.secrets)
 
 
 main.add_command(hf_command)

@@ -1,8 +1,8 @@
 """Open a `prep pack` + `prep energon-index` directory for training, or say what to fix.
 
 Checks, in the order a user would fix them: the path exists; it is a complete packed directory
-(``manifest.json`` and ``shards.json`` of this schema version, every shard there, read with
-`schemas.packed.read_packed_output`); ``prep energon-index`` ran (``.nv-meta`` with
+(``manifest.json`` and ``shards.json`` of this schema version, every shard there and of the size
+``shards.json`` records, read with `schemas.packed.read_packed_output`); ``prep energon-index`` ran (``.nv-meta`` with
 ``dataset.yaml``, ``split.yaml``, ``.info.json`` and a ``.tar.idx`` per shard); the pack
 format version (``dataset.yaml`` subflavors and the first pack's json) is the one this code
 reads; the processor identity `prep pack` recorded for its inputs (class and settings) equals
@@ -38,6 +38,7 @@ from schemas.packed import (
     IncompleteShardsError,
     PackedOutput,
     PackMeta,
+    check_shard_files,
 )
 from train.context_parallel import padding_problem
 from train.families.base import find_layout
@@ -82,11 +83,13 @@ def _packed_output(root: Path) -> PackedOutput:
             "--pack-size N` then `prep energon-index` on it"
         )
     try:
-        return read_packed_dir(root)
+        packed = read_packed_dir(root)
     except (EnergonIndexError, IncompleteShardsError, ManifestVersionError) as exc:  # each names its fix
         raise TrainConfigError(f"--data {root}: {exc}") from exc
     except ManifestError as exc:  # another stage's manifest, or malformed
         raise TrainConfigError(f"--data {root}: {exc}; point --data at a `prep pack` output") from exc
+    check_shard_files(packed, hashes=False)  # a truncated shard: a data error now, not a decode error mid-run
+    return packed
 
 
 def _check_index(root: Path, shards: list[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -56,8 +57,12 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(requested_device: str) -> DistContext:
-    """Join the ``torchrun`` process group if there is one; pick this process's device."""
+def init_distributed(requested_device: str, timeout_s: int | None = None) -> DistContext:
+    """Join the ``torchrun`` process group if there is one; pick this process's device.
+
+    ``timeout_s`` bounds how long a collective waits for the other ranks (torch's default: 10 min
+    for NCCL, 30 for gloo): past it the call raises, so a rank that died ends the run.
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -65,7 +70,8 @@ def init_distributed(requested_device: str) -> DistContext:
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 

@@ -41,6 +41,7 @@ from PIL import Image
 from transformers.image_utils import load_image
 
 from packvlm.errors import DataBudgetError
+from packvlm.image_header import DECODE_LIMIT_PIXELS, ImageTooLarge, open_image_checked, pil_pixel_limit
 from schemas.packed import PackedMediaItem
 from train.families.base import (
     DecodedVideo,
@@ -77,6 +78,10 @@ class MediaDecodeError(PackEncodeError):
     """Stored media bytes no longer decode (tokenize decoded their headers without error)."""
 
 
+class ImageTooLargeError(MediaDecodeError):
+    """A stored image claims more pixels than training decodes (a decompression bomb); nothing was decoded."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MediaOrigin:
     """Where a media item sits, for error messages."""
@@ -94,10 +99,20 @@ class MediaOrigin:
 
 
 def decode_image(data: bytes, origin: MediaOrigin) -> Image.Image:
-    """Decode like ``transformers.image_utils.load_image``: EXIF transpose, then RGB."""
+    """Decode like ``transformers.image_utils.load_image``: EXIF transpose, then RGB.
+
+    The header's size is checked first (`packvlm.image_header`): an image past what PIL decodes
+    is `ImageTooLargeError` before any pixel is, whatever PIL's global limit is set to.
+    """
     try:
-        image = Image.open(io.BytesIO(data))
-        return load_image(image)
+        image = open_image_checked(io.BytesIO(data), DECODE_LIMIT_PIXELS)
+        with pil_pixel_limit(DECODE_LIMIT_PIXELS):
+            return load_image(image)
+    except ImageTooLarge as exc:
+        raise ImageTooLargeError(
+            f"{origin}: image_too_large: {exc}, more than training decodes (a decompression bomb); `prep tokenize` "
+            "refuses such images: re-run tokenize, pack and shards from the original data"
+        ) from exc
     except (OSError, SyntaxError, ValueError) as exc:
         raise MediaDecodeError(f"{origin}: image does not decode ({exc}); re-run prep pack") from exc
 

@@ -20,7 +20,12 @@ import click
     help="SPLIT:REGEX on shard paths (repeatable), passed to Energon as is; not with --split-ratio.",
 )
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Processes indexing shards.")
-@click.option("--verify", is_flag=True, help="Load the result with Energon and check every pack comes back once.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Check every shard's sha256 against shards.json first, then load the result with Energon and check "
+    "every pack comes back once.",
+)
 def energon_index_command(
     directory: str, split_ratio: str | None, split_patterns: tuple[str, ...], workers: int, verify: bool
 ) -> None:
@@ -41,6 +46,7 @@ def energon_index_command(
         split_ratio=parse_split_ratio(split_ratio) if split_ratio else None,
         split_patterns=parse_split_patterns(split_patterns) if split_patterns else None,
         workers=workers,
+        verify_hashes=verify,
     )
     counts = result.packs_per_split()
     wanted = f" (wanted {format_counts(result.wanted)})" if result.wanted else ""

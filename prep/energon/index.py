@@ -12,7 +12,8 @@ Splits (`prep.energon.split`): by default the split `prep pack --split-ratio` re
 ``--split-ratio`` moves the split to the nearest shard boundaries and is refused when those
 are far from the ratio; ``--split-pattern`` is passed to Energon as is.
 
-Invariants: only the shards ``shards.json`` lists are indexed (never stray temp files);
+Invariants: only the shards ``shards.json`` lists are indexed (never stray temp files), each
+of the size it records (and, with ``--verify``, the sha256);
 ``verify_dataset`` loads every split with Energon's ``get_train_dataset`` /
 ``get_val_dataset`` and requires every pack back exactly once, in the split the index
 names, cooked without error.
@@ -41,8 +42,8 @@ from packvlm.atomic import write_bytes_atomic
 from packvlm.errors import InternalError, UsageError
 from prep.energon.split import ShardSplit, energon_patterns, nearest_split, recorded_split, refusal
 from schemas.layout import MANIFEST_FILE
-from schemas.manifest import PackManifest
-from schemas.packed import PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION, PackedOutput, read_packed_output
+from schemas.manifest import SHARDS_MANIFEST_FILE, PackManifest
+from schemas.packed import PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION, PackedOutput, check_shard_files, read_packed_output
 from schemas.splits import SplitRatio, SplitRatioError
 from schemas.splits import parse_split_ratio as parse_ratio
 
@@ -141,16 +142,30 @@ def index_dataset(
     split_ratio: SplitRatio | None = None,
     split_patterns: list[tuple[str, str]] | None = None,
     workers: int = 2,
+    verify_hashes: bool = False,
 ) -> IndexResult:
     """Index the shards with `BaseWebdatasetFactory.prepare_dataset` and write dataset.yaml.
 
     The split is ``split_patterns`` when given, else `choose_split` (checked before Energon
-    writes anything).
+    writes anything). Each shard's size is checked against ``shards.json`` first, and its
+    sha256 too with ``verify_hashes``, so a damaged shard is named here rather than failing
+    inside Energon's indexer or, later, inside training.
+
+    Raises:
+        ShardIntegrityError: A shard differs from ``shards.json`` (exit 1; the fix is `prep shards`).
     """
     from megatron.energon.flavors import BaseWebdatasetFactory
 
     root = Path(root).resolve()
     packed = read_packed_dir(root)
+    hashed = check_shard_files(packed, hashes=verify_hashes)
+    if verify_hashes and not hashed:
+        log.warning(
+            "%s records no sha256 (written by an older packvlm): sizes checked only; run `prep shards %s` to "
+            "record them",
+            SHARDS_MANIFEST_FILE,
+            root,
+        )
     shards = [s.name for s in packed.shards.shards]
     split: ShardSplit | None = None
     if split_patterns:

@@ -10,6 +10,7 @@ sample is in exactly one pack.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from tqdm import tqdm
 
 from packvlm.errors import InternalError
 from prep.shards.tar import iter_pack_metas
-from schemas.manifest import ShardRecord
+from schemas.manifest import ShardRecord, file_sha256
 from schemas.packed import SHARDS_DIR, pack_key, shard_name
 from schemas.plan import PackPlan
 
@@ -27,16 +28,20 @@ class PackConservationError(InternalError):
     """The shards on disk do not hold the plan's samples exactly once each: a bug, never ignored."""
 
 
-def check_shards(out: Path, plan: PackPlan, rows: pa.Table) -> tuple[ShardRecord, ...]:
+def check_shards(
+    out: Path, plan: PackPlan, rows: pa.Table, written_sha256: Mapping[int, str] | None = None
+) -> tuple[ShardRecord, ...]:
     """Read every shard back: each pack in its planned shard, holding exactly its planned samples.
 
     Args:
         out: The packed directory.
         plan: The plan header (shard offsets).
         rows: The plan rows (``pack``, ``input``, ``sample_id``), in pack order.
+        written_sha256: Shard index -> sha256 its writer hashed in this run; other shards (written
+            by an earlier, interrupted run) are hashed here.
 
     Returns:
-        One record per shard: name, packs, samples, bytes.
+        One record per shard: name, packs, samples, bytes, sha256.
     """
     pack_col = rows.column("pack").to_numpy()
     bounds = np.searchsorted(pack_col, np.arange(plan.num_packs + 1))
@@ -63,8 +68,10 @@ def check_shards(out: Path, plan: PackPlan, rows: pa.Table) -> tuple[ShardRecord
             if got != want:
                 raise PackConservationError(f"{path} {key} holds samples {got[:3]}..., the plan says {want[:3]}...")
             samples += len(got)
+        sha256 = (written_sha256 or {}).get(s) or file_sha256(path)
+        name = f"{SHARDS_DIR}/{path.name}"
         records.append(
-            ShardRecord(name=f"{SHARDS_DIR}/{path.name}", packs=len(keys), samples=samples, bytes=path.stat().st_size)
+            ShardRecord(name=name, packs=len(keys), samples=samples, bytes=path.stat().st_size, sha256=sha256)
         )
     if sum(r.samples for r in records) != rows.num_rows:
         raise PackConservationError(f"shards hold {sum(r.samples for r in records)} samples, the plan {rows.num_rows}")

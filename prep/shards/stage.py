@@ -7,7 +7,10 @@ by their manifests' sha256 (a changed input is refused, never silently mixed). O
 
 Invariants: one task per shard, written via temp + rename, so a rerun writes only the
 missing shards and ends byte-identical to an uninterrupted run; every shard is read back
-against the plan before ``shards.json`` is written.
+against the plan before ``shards.json`` is written, with its size and sha256 (hashed as it is
+written). A rerun over a finished directory rewrites every shard that no longer matches them
+(truncated, overwritten, a flipped byte): that is the repair `train` and `prep energon-index`
+name when they find one.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from prep.shards.core import ShardTask
 from prep.shards.readback import check_shards
 from prep.shards.worker import ShardWorker
 from schemas.layout import MANIFEST_FILE, SAMPLES_DIR
-from schemas.manifest import SHARDS_MANIFEST_FILE, ShardsManifest, file_sha256
-from schemas.packed import SHARDS_DIR, shard_name
+from schemas.manifest import SHARDS_MANIFEST_FILE, ManifestError, ShardsManifest, file_sha256, read_manifest
+from schemas.packed import SHARDS_DIR, shard_difference, shard_name
 from schemas.plan import PLAN_FILE, PackPlan, read_plan
 from schemas.tokenized import TokenizedPartError
 
@@ -85,6 +88,23 @@ def _worker_kwargs(plan: PackPlan, out: Path) -> dict[str, object]:
     }
 
 
+def _remove_damaged(out: Path, plan_sha256: str) -> None:
+    """Delete the shards that differ (size or sha256) from a ``shards.json`` of this plan, so this run
+    rewrites them: re-running `prep shards` is the repair `check_shard_files` names. Without such a
+    manifest (a first or interrupted run) shards on disk are whole: written via temp + rename."""
+    try:
+        recorded = read_manifest(out / SHARDS_MANIFEST_FILE, ShardsManifest)
+    except ManifestError:
+        return
+    if recorded.plan_sha256 != plan_sha256:
+        return
+    for record in recorded.shards:
+        problem = shard_difference(out, record, hashes=True)
+        if problem is not None and (out / record.name).is_file():
+            log.warning("shards: %s %s: rewriting it", record.name, problem)
+            (out / record.name).unlink()
+
+
 def run_shards(config: ShardsConfig) -> ShardsManifest:
     """Write the shards a plan names that are missing, read all back, write ``shards.json``.
 
@@ -99,11 +119,14 @@ def run_shards(config: ShardsConfig) -> ShardsManifest:
     _check_inputs(plan)
     (out / SHARDS_DIR).mkdir(exist_ok=True)
     clear_stale(out / SHARDS_DIR)
+    plan_sha256 = file_sha256(plan_path)
+    _remove_damaged(out, plan_sha256)
     tasks = _tasks(plan, rows)
     pending = [t.to_json() for t in tasks if not (out / SHARDS_DIR / shard_name(t.shard)).exists()]
     log.info("shards: %d packs in %d shards, %d to write", plan.num_packs, len(tasks), len(pending))
-    run_tasks(ShardWorker, _worker_kwargs(plan, out), pending, config.executor, desc="shards")
-    manifest = ShardsManifest.create(plan_sha256=file_sha256(plan_path), shards=check_shards(out, plan, rows))
+    done = run_tasks(ShardWorker, _worker_kwargs(plan, out), pending, config.executor, desc="shards")
+    written = {int(row["shard"]): str(row["sha256"]) for row in done}
+    manifest = ShardsManifest.create(plan_sha256=plan_sha256, shards=check_shards(out, plan, rows, written))
     crash_point("shards.before_manifest")
     write_json_atomic(out / SHARDS_MANIFEST_FILE, manifest.to_json())
     return manifest

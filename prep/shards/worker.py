@@ -41,13 +41,14 @@ class ShardWorker:
             yield build_pack(pack_index, loaded, pack_size=self.pack_size, pad_to_multiple_of=self.pad, pool=self.pool)
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        stats: dict[str, list] = {"shard": [], "packs": [], "samples": [], "bytes": []}
+        stats: dict[str, list] = {"shard": [], "packs": [], "samples": [], "bytes": [], "sha256": []}
         for text in batch["task"]:
             task = ShardTask.from_json(text)
-            nbytes = write_tar_atomic(self.shards / shard_name(task.shard), self._packs(task))
+            nbytes, sha256 = write_tar_atomic(self.shards / shard_name(task.shard), self._packs(task))
             crash_point("shards.after_shard")
             stats["shard"].append(task.shard)
             stats["packs"].append(len(task.packs))
             stats["samples"].append(sum(len(rows) for _, rows in task.packs))
             stats["bytes"].append(nbytes)
+            stats["sha256"].append(sha256)
         return stats

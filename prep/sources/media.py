@@ -9,10 +9,11 @@ caught by its missing end marker. The encoded size (``num_bytes``) is taken whil
 is read, so later stages can size shards without opening media again.
 
 An image whose header claims more than ``max_pixels`` (a decompression bomb: a few KB that
-decode to gigabytes) is ``image_too_large``, an error row like any other. The header is read
-with PIL's own bomb check off (it would raise before the size is known, or warn); the default
-limit is where PIL's decoder refuses (`DECODE_LIMIT_PIXELS`), the one `train` and the real
-processor decode with, so nothing tokenize accepts fails to decode later.
+decode to gigabytes) is ``image_too_large``, an error row like any other, refused before
+anything decodes (`packvlm.image_header`: PIL's own check set to the limit, EXIF orientation
+read without the pixels). The default limit is where PIL's decoder refuses
+(`DECODE_LIMIT_PIXELS`), the one `train` and the real processor decode with, so nothing
+tokenize accepts fails to decode later.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,17 +29,15 @@ from pathlib import Path
 from typing import IO
 
 import lmdb
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
+from packvlm.image_header import DECODE_LIMIT_PIXELS, ImageTooLarge, read_image_header
 from schemas.dataset_config import ConfigError
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
 
-EXIF_ORIENTATION_TAG = 0x0112
-SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 JPEG_END = b"\xff\xd9"
 PNG_END = b"IEND\xaeB`\x82"
-DECODE_LIMIT_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0)  # PIL raises DecompressionBombError above this
 
 
 class MediaError(Exception):
@@ -107,6 +107,24 @@ class LmdbPool:
         self._envs.clear()
 
 
+def check_media_roots(ref: MediaRef, *root_sets: tuple[str, ...]) -> None:
+    """Raise ``media_outside_root`` unless ``ref``'s file resolves (``..``, symlinks) inside a root of
+    every non-empty set (roots already resolved). Sets narrow each other: a dataset config can
+    confine its media further than ``--media-root``, never widen it."""
+    if not any(root_sets):
+        return
+    if "://" in ref.path:
+        raise MediaError(Reason.MEDIA_OUTSIDE_ROOT, f"{ref.format()}: not a local file, and --media-root is set")
+    real = os.path.realpath(ref.path)
+    for roots in root_sets:
+        if roots and not any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots):
+            raise MediaError(
+                Reason.MEDIA_OUTSIDE_ROOT,
+                f"{ref.format()}: resolves to {real}, outside the media roots {list(roots)}; move the file under one "
+                "or add its directory with --media-root",
+            )
+
+
 def read_bytes(ref: MediaRef, pool: LmdbPool) -> bytes:
     """The original encoded bytes of a media item (for verification and shard writing)."""
     if ref.key is not None:
@@ -150,40 +168,22 @@ def open_media_file(path: str) -> Iterator[IO[bytes]]:
         yield fh
 
 
-@contextmanager
-def _bomb_check_off() -> Iterator[None]:
-    """PIL's decompression-bomb check off while a header is read: `_read_header` applies its own limit."""
-    limit = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = limit
-
-
 def _read_header(fh: IO[bytes], uri: str, max_pixels: int) -> ImageHeader:
     try:
-        with _bomb_check_off(), Image.open(fh) as img:
-            width, height = img.size
-            fmt = img.format
-            orientation = img.getexif().get(EXIF_ORIENTATION_TAG, 1)
+        header = read_image_header(fh, max_pixels)
+    except ImageTooLarge as exc:
+        raise MediaError(
+            Reason.IMAGE_TOO_LARGE, f"{uri}: {exc} (a decompression bomb, or a scan to downsize first)"
+        ) from exc
     except UnidentifiedImageError as exc:  # its message embeds a memory address: keep output deterministic
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a recognised image format") from exc
-    except (OSError, SyntaxError, ValueError) as exc:
+    except (OSError, SyntaxError, ValueError, struct.error) as exc:
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a readable image ({exc})") from exc
-    if width * height > max_pixels:
-        raise MediaError(
-            Reason.IMAGE_TOO_LARGE,
-            f"{uri}: {width}x{height} = {width * height:,} pixels > --max-image-pixels {max_pixels:,} "
-            "(a decompression bomb, or a scan to downsize first)",
-        )
     num_bytes = fh.seek(0, io.SEEK_END)
-    _check_trailer(fh, fmt, num_bytes, uri)
-    if width < 1 or height < 1:
-        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: empty image {width}x{height}")
-    if orientation in SWAPPING_ORIENTATIONS:
-        width, height = height, width
-    return ImageHeader(width=width, height=height, num_bytes=num_bytes)
+    _check_trailer(fh, header.format, num_bytes, uri)
+    if header.width < 1 or header.height < 1:
+        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: empty image {header.stored_width}x{header.stored_height}")
+    return ImageHeader(width=header.width, height=header.height, num_bytes=num_bytes)
 
 
 def _check_trailer(fh: IO[bytes], fmt: str | None, num_bytes: int, uri: str) -> None:

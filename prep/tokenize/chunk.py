@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from packvlm.errors import InternalError
+from packvlm.secrets import redact
 from prep.sources.conversation import Conversation
 from prep.sources.errors import RecordError
 from prep.sources.formats.base import reader_for
@@ -85,6 +86,7 @@ def process_chunk(chunk: Chunk, spec: DatasetSpec, tok: SampleTokenizer, verify:
             _append_errors(errs, base, record.copies, record.parsed)
             continue
         try:
+            tok.check_confined(record.parsed, tuple(str(r) for r in spec.media_roots))
             sample = tok.tokenize(record.parsed, spec.video)
             checked = _verify(tok, record.parsed, spec, sample, verify, make_sample_id(chunk.dataset, record.line, 0))
         except SampleError as exc:
@@ -117,7 +119,7 @@ def _append_errors(
     errs: dict[str, list[Any]], base: dict[str, Any], copies: int, exc: RecordError | SampleError
 ) -> None:
     for copy in range(copies):
-        _append(errs, base, copy, reason=exc.reason.value, message=str(exc))
+        _append(errs, base, copy, reason=exc.reason.value, message=redact(str(exc)))
 
 
 def _append(cols: dict[str, list[Any]], base: dict[str, Any], copy: int, **values: Any) -> None:

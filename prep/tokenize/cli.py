@@ -65,6 +65,14 @@ from prep.tokenize.stage import TokenizeConfig
     help="Images with more pixels (width x height) become image_too_large error rows (decompression bombs); "
     "the default and maximum is where PIL, which training decodes with, refuses.",
 )
+@click.option(
+    "--media-root",
+    "media_roots",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Read media only inside this directory (repeatable): a media path that resolves elsewhere (.., absolute, "
+    "a symlink) becomes a media_outside_root error row. For data you did not make.",
+)
 @executor_options
 def tokenize_command(executor: ExecutorConfig, **options: object) -> None:
     """Pretokenize ShareGPT conversations with exact text + media token counts."""
@@ -72,5 +80,6 @@ def tokenize_command(executor: ExecutorConfig, **options: object) -> None:
     from prep.tokenize.summary import format_summary
 
     options["datasets"] = tuple(options["datasets"])  # type: ignore[arg-type]
+    options["media_roots"] = tuple(options["media_roots"])  # type: ignore[arg-type]
     manifest = run_tokenize(TokenizeConfig(executor=executor, **options))  # type: ignore[arg-type]
     click.echo(format_summary(manifest))

@@ -15,13 +15,21 @@ Example (Qwen2-VL, one 448x448 image): rendered text ``...<|vision_start|><|imag
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 
 from prep.sources.conversation import Conversation, MediaKind
-from prep.sources.media import DECODE_LIMIT_PIXELS, LmdbPool, MediaError, image_header, video_header
+from prep.sources.media import (
+    DECODE_LIMIT_PIXELS,
+    LmdbPool,
+    MediaError,
+    check_media_roots,
+    image_header,
+    video_header,
+)
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
 from prep.tokenize.errors import SampleError
 from prep.tokenize.expansion import expand_placeholders
@@ -39,11 +47,17 @@ class SampleTokenizer:
     """Per-worker state, opened once: processor pieces, family counter, LMDB environments."""
 
     def __init__(
-        self, bundle: ProcessorBundle, *, max_length: int | None = None, max_image_pixels: int = DECODE_LIMIT_PIXELS
+        self,
+        bundle: ProcessorBundle,
+        *,
+        max_length: int | None = None,
+        max_image_pixels: int = DECODE_LIMIT_PIXELS,
+        media_roots: tuple[str, ...] = (),
     ) -> None:
         self.bundle = bundle
         self.max_length = max_length
         self.max_image_pixels = max_image_pixels
+        self.media_roots = tuple(os.path.realpath(r) for r in media_roots)
         factory = find_counter(bundle.processor_class)
         self.counter: MediaCounter | None = factory(bundle) if factory else None
         self.content_lists = needs_content_lists(bundle.tokenizer, bundle.chat_template)
@@ -63,6 +77,14 @@ class SampleTokenizer:
         if self.max_length is not None and sample.num_tokens > self.max_length:
             raise SampleError(Reason.TOO_LONG, f"{sample.num_tokens} tokens > --max-length {self.max_length}")
         return sample
+
+    def check_confined(self, conv: Conversation, dataset_roots: tuple[str, ...] = ()) -> None:
+        """Before any media is opened: each item inside --media-root and the dataset's ``media_root``."""
+        for item in conv.media:
+            try:
+                check_media_roots(item.ref, self.media_roots, dataset_roots)
+            except MediaError as exc:
+                raise SampleError(exc.reason, str(exc)) from exc
 
     def for_template(self, conv: Conversation) -> Conversation:
         """The conversation as the template renders it: string turns as content lists where it drops them."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ class TokenizeConfig:
     rows_per_chunk: int = 512
     max_error_rate: float = 0.05  # per dataset: a run that loses more fails (its outputs are kept)
     max_image_pixels: int = DECODE_LIMIT_PIXELS  # larger images are image_too_large rows (never reach train)
+    media_roots: tuple[str, ...] = ()  # media resolving outside all of these are media_outside_root rows
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def output_fields(self) -> dict[str, Any]:
@@ -74,10 +76,12 @@ class TokenizeConfig:
             "seed",
             "rows_per_chunk",
             "max_image_pixels",
+            "media_roots",
         )
         out = {k: v for k, v in asdict(self).items() if k in keep}
         out["dataset_config"] = str(Path(self.dataset_config).resolve())
         out["datasets"] = list(self.datasets)
+        out["media_roots"] = [os.path.realpath(r) for r in self.media_roots]
         return out
 
 
@@ -95,6 +99,7 @@ class TokenizeWorker:
             load_processor(config["processor"]),
             max_length=config["max_length"],
             max_image_pixels=int(config["max_image_pixels"]),
+            media_roots=tuple(config["media_roots"]),
         )
         self.verify_fraction = float(config["verify_fraction"])
         self.seed = int(config["seed"])
@@ -125,6 +130,7 @@ def _spec_from_json(raw: dict[str, Any]) -> DatasetSpec:
             **raw,
             "file_name": Path(raw["file_name"]),
             "media_dir": Path(raw["media_dir"]),
+            "media_roots": tuple(Path(p) for p in raw["media_roots"]),
             "columns": Columns(**raw["columns"]),
             "tags": Tags(**raw["tags"]),
             "video": VideoSampling(**raw["video"]),
@@ -155,8 +161,20 @@ def run_identity(config: TokenizeConfig, specs: list[DatasetSpec], processor: Pr
             "path": str(Path(config.dataset_config).resolve()),
             **file_fingerprint(config.dataset_config),
         },
-        "data_files": {spec.name: file_fingerprint(spec.file_name) for spec in specs},
+        "data_files": {spec.name: _data_fingerprint(spec) for spec in specs},
     }
+
+
+def _data_fingerprint(spec: DatasetSpec) -> dict[str, Any]:
+    """`file_fingerprint` of a local data file; for ``cloud_file_name`` its objects' sizes and ETags
+    (listing metadata, no download; a local ``open`` of the URL failed every cloud run)."""
+    if spec.cloud_file_name is None:
+        return file_fingerprint(spec.file_name)
+    from prep.sources.files import cloud_url, filesystem
+
+    fs, url = filesystem(spec.cloud_file_name), cloud_url(spec.cloud_file_name)
+    infos = [fs.info(p) for p in sorted(fs.find(url))] if fs.isdir(url) else [fs.info(url)]
+    return {"size": sum(int(i.get("size", 0)) for i in infos), "etags": [str(i.get("ETag", "")) for i in infos]}
 
 
 def _done(out: Path, chunk: Chunk) -> bool:

@@ -152,7 +152,12 @@ def test_conservation_check_catches_a_wrong_shard(tok, tmp_path):
     out = tmp_path / "o"
     pack([tok], out)
     shards = sorted((out / "shards").glob("*.tar"))
+    original = shards[0].read_bytes()
     shutil.copy(shards[1], shards[0])
+    pack([tok], out)  # shards.json records shard 0's sha256: the rerun rewrites the wrong shard (issue 29)
+    assert shards[0].read_bytes() == original
+    shutil.copy(shards[1], shards[0])
+    (out / SHARDS_MANIFEST_FILE).unlink()  # as after an interrupted run: only the read-back can tell
     with pytest.raises(PackConservationError, match="holds packs"):
         pack([tok], out)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -27,11 +28,12 @@ def _stdlib_tar(members: list[tuple[str, bytes]]) -> bytes:
 def test_tar_equals_stdlib_tarfile_with_fixed_metadata(tmp_path: Path):
     samples = [[("k-1.json", b'{"a":1}'), ("k-1.bin", b"x" * 513)], [("k-2.json", b"{}"), ("k-2.img0000.jpg", b"")]]
     path = tmp_path / "s.tar"
-    nbytes = write_tar_atomic(path, samples)
+    nbytes, sha256 = write_tar_atomic(path, samples)
     expected = _stdlib_tar(
         [("k-1.bin", b"x" * 513), ("k-1.json", b'{"a":1}'), ("k-2.img0000.jpg", b""), ("k-2.json", b"{}")]
     )
     assert path.read_bytes() == expected and nbytes == len(expected)
+    assert sha256 == hashlib.sha256(expected).hexdigest()  # hashed as written, equal to the file
     assert [p.name for p in tmp_path.iterdir()] == ["s.tar"]
 
 

@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 from transformers import get_scheduler
 
+from packvlm.faults import crash_point
 from prep.cli_options import default_of
 from schemas.train import LOG_FILE, METRICS_FILE
 from train.attention import select_attention
@@ -81,11 +82,15 @@ class HFTrainConfig:
     sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
     pixels: PixelWire = "uint8"  # image pixels from the loader workers (train.pixels); "float32" as processed
     shuffle_buffer_size: int = 100  # with sampling "buffer"
+    # a collective waiting longer than this for another rank fails, so the living ranks exit when one
+    # dies instead of hanging (a checkpoint save on rank 0 is waited for at a barrier: keep it long)
+    dist_timeout_s: int = 1800
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
         # pixels: bit-equal inputs either way, so a run may resume with the other wire
-        return config_fingerprint(self, skip=("resume", "save_every", "max_steps", "stop_after", "pixels"))
+        skip = ("resume", "save_every", "max_steps", "stop_after", "pixels", "dist_timeout_s")
+        return config_fingerprint(self, skip=skip)
 
 
 def _default(name: str) -> Any:
@@ -125,6 +130,13 @@ def _default(name: str) -> Any:
 )
 @click.option("--resume", is_flag=True, help="Continue from OUT's latest checkpoint, exactly.")
 @click.option("--device", default=_default("device"), show_default=True, help="auto, cpu or cuda.")
+@click.option(
+    "--dist-timeout-s",
+    type=click.IntRange(min=1),
+    default=_default("dist_timeout_s"),
+    show_default=True,
+    help="Seconds a collective waits for the other ranks before failing (a dead rank ends the run, never hangs it).",
+)
 def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
 
@@ -145,7 +157,7 @@ def hf_command(**options: Any) -> None:
 
 def run(config: HFTrainConfig) -> list[StepMetrics]:
     """Train for ``config.max_steps`` optimizer steps; returns this process's step metrics."""
-    ctx = init_distributed(config.device)
+    ctx = init_distributed(config.device, timeout_s=config.dist_timeout_s)
     try:
         history = _train(config, ctx)
         barrier(ctx)
@@ -264,6 +276,7 @@ def _step(
             summed, _ = chunked_token_loss_sum(model, batch)  # logits only at label positions, in chunks
         (summed / max(num_label_tokens, 1.0)).backward()
         loss_sum += float(summed.detach())
+    crash_point(f"train.before_grad_all_reduce.rank{ctx.rank}")  # tests kill one rank here, the others wait
     all_reduce_grads(model, ctx)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
     lr = scheduler.get_last_lr()[0]
