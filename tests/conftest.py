@@ -51,3 +51,17 @@ def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = tmp_path_factory.mktemp("example")
     return write_example_dataset(root, num_samples=48, seed=0).parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow (minutes each)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`slow` tests (killed Ray actors, killed ranks, a full disk) skip unless --runslow."""
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: pass --runslow to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
