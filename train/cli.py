@@ -7,6 +7,7 @@ import logging
 import click
 
 from prep.cli_errors import ErrorMappingGroup, debug_option
+from train.export import export_command
 from train.recipes.hf import hf_command
 from train.recipes.megatron import megatron_command
 
@@ -26,6 +27,7 @@ def main(verbose: bool, debug: bool) -> None:
 
 main.add_command(hf_command)
 main.add_command(megatron_command)
+main.add_command(export_command)
 
 
 if __name__ == "__main__":

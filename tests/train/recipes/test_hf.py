@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from safetensors.torch import load_file
 
 from prep.energon.index import index_dataset
 from prep.example.model import write_tiny_model
 from prep.run import LOCAL
 from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from schemas.packed import read_packed_output
-from schemas.train import CHECKPOINTS_DIR, METRICS_FILE, checkpoint_name
+from schemas.train import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, checkpoint_name
 from tests.shards.oracles import pack
+from train.checkpoint import read_model_state
 from train.cli import main
 from train.metrics import read_metrics
 
@@ -69,7 +69,8 @@ def _train(inputs: dict[str, Path], out: Path, *extra: str) -> list[dict]:
 
 
 def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(out / CHECKPOINTS_DIR / checkpoint_name(step) / "model.safetensors")
+    """A checkpoint's whole model, read from its DCP shards in this process."""
+    return read_model_state(out / CHECKPOINTS_DIR / checkpoint_name(step))
 
 
 def test_resume_continues_with_the_same_batches_losses_and_weights(run_inputs, tmp_path):
@@ -110,13 +111,13 @@ def test_thirty_steps_lower_the_loss_and_leave_a_loadable_checkpoint(run_inputs,
     for m in metrics:
         assert m["num_real_tokens"] == m["num_tokens"]  # no --pad-to-multiple-of: no padding at all
         assert m["num_label_tokens"] > 0 and len(m["pack_keys"]) == 1
-    ckpt = tmp_path / "run" / CHECKPOINTS_DIR / checkpoint_name(30)
-    assert (ckpt / "tokenizer.json").is_file() and (ckpt / "chat_template.jinja").is_file()
-    reloaded = AutoModelForImageTextToText.from_pretrained(ckpt)
+    final = tmp_path / "run" / FINAL_DIR  # the last checkpoint, exported when the run reached --max-steps
+    assert (final / "tokenizer.json").is_file() and (final / "chat_template.jinja").is_file()
+    reloaded = AutoModelForImageTextToText.from_pretrained(final)
     saved = _weights(tmp_path / "run", 30)
+    assert reloaded.state_dict().keys() == saved.keys()
     for name, tensor in reloaded.state_dict().items():
-        if name in saved:
-            torch.testing.assert_close(tensor, saved[name])
+        torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0, msg=name)
     assert sorted(p.name for p in (tmp_path / "run" / CHECKPOINTS_DIR).iterdir()) == [
         "latest",
         checkpoint_name(10),
