@@ -107,12 +107,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def copy_processor_files(processor_dir: Path, dest: Path) -> None:
-    """Copy a local processor's tokenizer/template/config files (not the model's config)."""
+    """Copy a local processor's tokenizer/template/config files (not the model's config nor a checkpoint's state)."""
     if not processor_dir.is_dir():
         return
     for pattern in PROCESSOR_FILE_PATTERNS:
         for src in processor_dir.glob(pattern):
-            if src.name not in MODEL_FILES:
+            if src.name not in (*MODEL_FILES, TRAINER_STATE_FILE):
                 shutil.copy2(src, dest / src.name)
 
 
