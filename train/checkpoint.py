@@ -24,12 +24,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from packvlm.atomic import write_bytes_atomic
 from packvlm.errors import InternalError, UsageError
@@ -224,19 +229,32 @@ def load_checkpoint(
     """
     state = load_trainer_state(checkpoint)
     model_state, optimizer_state = get_state_dict(model, optimizer)  # templates: this run's shards, optimizer state
+    # get_state_dict gives every trainable parameter optimizer state (a zero-gradient step); a parameter
+    # that had none when saved (no gradient yet, e.g. a vision tower on text-only steps) must get none
+    saved = _saved_optimizer_params(checkpoint / STATE_DIR)
+    states = cast(dict[str, Any], optimizer_state["state"])
+    optimizer_state["state"] = {fqn: v for fqn, v in states.items() if fqn in saved}
     with _quiet_single_process():
         dcp.load(
             {"model": model_state, "optimizer": optimizer_state},
             checkpoint_id=checkpoint / STATE_DIR,
             no_dist=_no_dist(),
         )
-    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+    set_model_state_dict(model, model_state)  # strict: every weight comes from the checkpoint
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=StateDictOptions(strict=False))
     rng = checkpoint / rng_state_name(ctx.rank)
     if rng.is_file():
         set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
     else:
         torch.manual_seed(state.step * 1_000_003 + ctx.rank)
     return state
+
+
+def _saved_optimizer_params(state_dir: Path) -> set[str]:
+    """FQNs of the parameters a DCP checkpoint holds optimizer state for (keys ``optimizer.state.FQN.NAME``)."""
+    prefix = "optimizer.state."
+    keys = dcp.FileSystemReader(state_dir).read_metadata().state_dict_metadata
+    return {key[len(prefix) :].rsplit(".", 1)[0] for key in keys if key.startswith(prefix)}
 
 
 def load_loader_state(checkpoint: Path, state: TrainerState, ctx: DistContext) -> bytes:

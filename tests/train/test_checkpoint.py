@@ -52,10 +52,15 @@ def _ids(step: int, rank: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1000 * step + rank))
 
 
-def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: range, rank: int = 0) -> None:
+def _train(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: range, rank: int = 0, idle: str | None = None
+) -> None:
+    """``idle``: a parameter left without a gradient (as a vision tower on text-only steps)."""
     for step in steps:
         ids = _ids(step, rank)
         model(input_ids=ids, labels=ids).loss.backward()
+        if idle is not None:
+            model.get_parameter(idle).grad = None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -158,6 +163,26 @@ def test_a_checkpoint_restores_weights_optimizer_and_rng_exactly(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     _train(model, optimizer, range(3, 5))  # continuing is bit-identical too
     _train(fresh, fresh_optimizer, range(3, 5))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+
+
+def test_a_parameter_without_optimizer_state_gets_none_back(tmp_path):
+    """AdamW gives a parameter state at its first gradient; one that had none when saved must start
+    fresh after a resume too (not a step count from the zero-gradient step get_state_dict takes)."""
+    idle = "model.layers.1.mlp.down_proj.weight"
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _train(model, optimizer, range(2), idle=idle)
+    path = _save(tmp_path, model, optimizer, 2)
+    fresh = _model(seed=1)
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    load_checkpoint(path, CTX, model=fresh, optimizer=fresh_optimizer)
+    assert (
+        not fresh_optimizer.state.get(fresh.get_parameter(idle))
+        and optimizer.state.get(model.get_parameter(idle)) is None
+    )
+    _train(model, optimizer, range(2, 4))  # now it learns: from step 1 of its own in both
+    _train(fresh, fresh_optimizer, range(2, 4))
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
 
 
