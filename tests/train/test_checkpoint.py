@@ -326,3 +326,14 @@ def test_fsdp2_sharded_checkpoints_reshard_between_one_and_two_ranks(tmp_path):
         assert torch.equal(trained["weights"][name], param.detach()), name
         assert torch.equal(trained["exp_avg"][name], fresh_avg[name]), name
     assert not torch.equal(trained["weights"]["model.norm.weight"], loaded["weights"]["model.norm.weight"])
+
+
+def test_per_rank_loader_state_resumes_only_on_its_world_size(tmp_path):
+    """--sampling buffer keeps Energon's per-rank state: another number of ranks is refused, naming the fix."""
+    from train.checkpoint import load_loader_state
+
+    saved_on_two = TrainerState(step=4, world_size=2, global_batch_packs=2, data=None)
+    with pytest.raises(CheckpointError, match="saved on 2 ranks with --sampling buffer.*resume on 2 ranks"):
+        load_loader_state(tmp_path, saved_on_two, CTX)
+    global_position = _state(4, world_size=2)  # --sampling epoch: the same bytes for any rank of any world
+    assert load_loader_state(tmp_path, global_position, CTX) == DataPosition(consumed=4, num_packs=9, seed=0).to_bytes()

@@ -22,10 +22,13 @@ from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from schemas.packed import read_packed_output
 from schemas.train import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, checkpoint_name
 from tests.shards.oracles import pack
-from train.checkpoint import read_model_state
+from train.checkpoint import load_checkpoint, read_model_state
 from train.cli import main
+from train.distributed import DistContext
 from train.metrics import read_metrics
+from train.models import load_model
 
+CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 IMAGE_DATASET = "sharegpt_json"  # the example's image/text dataset (videos need torchvision)
 
 
@@ -118,6 +121,13 @@ def test_thirty_steps_lower_the_loss_and_leave_a_loadable_checkpoint(run_inputs,
     assert reloaded.state_dict().keys() == saved.keys()
     for name, tensor in reloaded.state_dict().items():
         torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0, msg=name)
+    # the trained model as `train hf` holds it: its own loader + the checkpoint, through the resume path
+    trained = load_model(run_inputs["model"], seed=5, attn_implementation="sdpa")
+    optimizer = torch.optim.AdamW(trained.parameters())
+    load_checkpoint(tmp_path / "run" / CHECKPOINTS_DIR / checkpoint_name(30), CTX, model=trained, optimizer=optimizer)
+    ids = torch.tensor([[5, 17, 230, 41, 9, 77, 3, 120]])
+    with torch.no_grad():  # same weights, same attention kernel: equal to fp32 rounding of the same ops
+        torch.testing.assert_close(reloaded.eval()(input_ids=ids).logits, trained.eval()(input_ids=ids).logits)
     assert sorted(p.name for p in (tmp_path / "run" / CHECKPOINTS_DIR).iterdir()) == [
         "latest",
         checkpoint_name(10),
