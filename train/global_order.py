@@ -226,7 +226,7 @@ class GlobalOrderLoader:
             batch_size=None,
             sampler=_Indices(self._indices()),
             num_workers=self.num_workers,
-            persistent_workers=False,
+            pin_memory=torch.cuda.is_available(),  # as Energon's loader: `PackedBatch.to` copies non-blocking
         )
         for batch in loader:
             self._taken += 1
