@@ -23,6 +23,7 @@ from typing import Any
 
 from packvlm.errors import UsageError
 from prep.outputs import claim_output_dir
+from schemas.layout import RUN_FILE
 from schemas.train import CHECKPOINTS_DIR, METRICS_FILE
 from train.checkpoint import CheckpointError, latest_checkpoint
 from train.distributed import DistContext, broadcast_from_main
@@ -72,9 +73,12 @@ def claim_run_dir(
     refusal = None
     if ctx.is_main:
         try:
-            if resume and not resume_if_exists and latest_checkpoint(output) is None:  # before OUT is touched
+            nothing = resume and not resume_if_exists and latest_checkpoint(output) is None
+            if nothing and not (output / RUN_FILE).is_file():  # a new OUT: refused before it is touched
                 raise TrainRunConflict(f"nothing to resume in {output}; drop --resume or pass --resume-if-exists")
-            _claim_on_main(output, fingerprint, command, resume, subdirs, resumable)
+            _claim_on_main(output, fingerprint, command, resume, subdirs, resumable)  # another run's OUT: named
+            if nothing:
+                raise TrainRunConflict(f"nothing to resume in {output}; drop --resume or pass --resume-if-exists")
         except (TrainRunConflict, CheckpointError) as exc:  # every rank must raise, not only rank 0
             refusal = str(exc)
     refusal = broadcast_from_main(refusal, ctx)
