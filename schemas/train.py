@@ -53,6 +53,9 @@ STATE_DIR = "state"
 FINAL_DIR = "final"
 
 
+CHECKPOINT_GLOB = "step-" + "[0-9]" * 8  # every checkpoint_name; name order is step order
+
+
 def checkpoint_name(step: int) -> str:
     """Directory name of the checkpoint taken after ``step`` optimizer steps."""
     return f"step-{step:08d}"

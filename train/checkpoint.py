@@ -40,6 +40,7 @@ from packvlm.atomic import write_bytes_atomic
 from packvlm.errors import InternalError, UsageError
 from schemas.layout import TMP_PREFIX
 from schemas.train import (
+    CHECKPOINT_GLOB,
     CHECKPOINTS_DIR,
     LATEST_FILE,
     LEGACY_TRAINER_STATE_FILE,
@@ -143,6 +144,7 @@ def save_checkpoint(
     processor_dir: Path,
     state: TrainerState,
     loader_state: bytes | None,
+    keep_last: int = 0,
 ) -> Path:
     """Write ``OUT/checkpoints/step-N`` collectively; every rank must call it.
 
@@ -154,6 +156,7 @@ def save_checkpoint(
         processor_dir: Processor whose files the checkpoint carries.
         state: Step and global data position (the same on every rank).
         loader_state: This rank's Energon loader state (``"buffer"`` sampling), else None.
+        keep_last: Keep only this many newest checkpoints (0: all); older ones go once the new one is complete.
     """
     positions = gather_objects(state.data, ctx)
     if any(p != state.data for p in positions):
@@ -184,8 +187,18 @@ def save_checkpoint(
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         write_bytes_atomic(root / LATEST_FILE, f"{final.name}\n".encode())
+        if keep_last:
+            _remove_older(root, keep=final, keep_last=keep_last)
     barrier(ctx)
     return final
+
+
+def _remove_older(root: Path, *, keep: Path, keep_last: int) -> None:
+    """Delete all but the ``keep_last`` newest ``step-N`` checkpoints (never ``keep``, the one ``latest`` names)."""
+    steps = sorted(p for p in root.glob(CHECKPOINT_GLOB) if p.is_dir())
+    for old in steps[:-keep_last]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def check_checkpoint(path: Path) -> Path:

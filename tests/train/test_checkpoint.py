@@ -337,3 +337,33 @@ def test_per_rank_loader_state_resumes_only_on_its_world_size(tmp_path):
         load_loader_state(tmp_path, saved_on_two, CTX)
     global_position = _state(4, world_size=2)  # --sampling epoch: the same bytes for any rank of any world
     assert load_loader_state(tmp_path, global_position, CTX) == DataPosition(consumed=4, num_packs=9, seed=0).to_bytes()
+
+
+def test_keep_last_deletes_older_checkpoints_once_a_new_one_is_complete(tmp_path):
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in (1, 2, 3, 4):
+        save_checkpoint(
+            tmp_path, CTX, model=model, optimizer=optimizer, processor_dir=tmp_path, state=_state(step),
+            loader_state=None, keep_last=2,
+        )  # fmt: skip
+    root = tmp_path / CHECKPOINTS_DIR
+    assert sorted(p.name for p in root.iterdir()) == [LATEST_FILE, checkpoint_name(3), checkpoint_name(4)]
+    assert latest_checkpoint(tmp_path) == root / checkpoint_name(4)
+
+
+def test_train_export_command_writes_once_and_names_what_is_wrong(tmp_path):
+    from click.testing import CliRunner
+
+    from train.cli import main
+
+    model = _model()
+    path = _save(tmp_path, model, torch.optim.AdamW(model.parameters()), 1)
+    runner = CliRunner()
+    done = runner.invoke(main, ["export", str(path), "--to", str(tmp_path / "out")])
+    assert done.exit_code == 0 and (tmp_path / "out" / "model.safetensors").is_file(), done.output
+    again = runner.invoke(main, ["export", str(path), "--to", str(tmp_path / "out")])
+    assert again.exit_code == 2 and "exists; remove it or choose another directory" in again.output
+    not_one = runner.invoke(main, ["export", str(tmp_path), "--to", str(tmp_path / "other")])
+    assert not_one.exit_code == 2 and "is not a complete checkpoint" in not_one.output
+    assert not (tmp_path / "other").exists()

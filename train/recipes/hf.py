@@ -61,6 +61,21 @@ from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, de
 log = logging.getLogger(__name__)
 
 
+# options a resumed run may change: pixels gives bit-equal inputs either way; grad_accum lets a run resumed
+# on another number of ranks keep its global batch (a change is logged)
+RESUME_MAY_CHANGE = (
+    "resume",
+    "resume_if_exists",
+    "save_every",
+    "keep_last",
+    "max_steps",
+    "stop_after",
+    "pixels",
+    "final_export",
+    "grad_accum",
+)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HFTrainConfig:
     """Every option of `train hf`; the click flags take their defaults from here."""
@@ -79,6 +94,7 @@ class HFTrainConfig:
     packs_per_microbatch: int = 1
     seed: int = 0
     save_every: int = 0  # 0: only at the end
+    keep_last: int = 0  # keep only the newest N checkpoints; 0: all
     stop_after: int | None = None  # checkpoint and exit after this step; the schedule still spans max_steps
     resume: bool = False
     resume_if_exists: bool = False  # resume when OUT holds a checkpoint, else start fresh
@@ -91,10 +107,7 @@ class HFTrainConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
-        # pixels: bit-equal inputs either way, so a run may resume with the other wire; grad_accum: a run
-        # resumed on other ranks may keep its global batch with another grad_accum (logged when it changes)
-        skip = ("resume", "resume_if_exists", "save_every", "max_steps", "stop_after", "pixels", "final_export")
-        return config_fingerprint(self, skip=(*skip, "grad_accum"))
+        return config_fingerprint(self, skip=RESUME_MAY_CHANGE)
 
 
 def _default(name: str) -> Any:
@@ -125,6 +138,13 @@ def _default(name: str) -> Any:
     default=_default("save_every"),
     show_default=True,
     help="Checkpoint every N steps (0: only at the end).",
+)
+@click.option(
+    "--keep-last",
+    type=click.IntRange(min=0),
+    default=_default("keep_last"),
+    show_default=True,
+    help="Keep only the newest N checkpoints (older ones deleted once a new one is complete); 0: keep all.",
 )
 @click.option(
     "--stop-after",
@@ -264,6 +284,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
                 processor_dir=config.processor,
                 state=state,
                 loader_state=None if position is not None else loader_state(loader),
+                keep_last=config.keep_last,
             )
             log.info("checkpoint %s", path)
             if step == config.max_steps and config.final_export and ctx.is_main:
