@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,6 +55,9 @@ def write_arrow_atomic(final: str | Path, table: pa.Table) -> None:
 
 
 def clear_stale(folder: Path) -> None:
-    """Delete temp files a killed run left in ``folder``."""
+    """Delete temp files (and temp directories: a checkpoint being written) a killed run left in ``folder``."""
     for stale in folder.glob(f"{TMP_PREFIX}*"):
-        stale.unlink(missing_ok=True)
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)

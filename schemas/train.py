@@ -1,4 +1,4 @@
-"""Layout of a `train` run directory (version 1): metrics, checkpoints, loader state.
+"""Layout of a `train` run directory (version 2): metrics, sharded checkpoints, final export.
 
 Directory (``OUT``)::
 
@@ -7,10 +7,25 @@ Directory (``OUT``)::
     OUT/train.log                          the plain-text log of rank 0 (appended on resume)
     OUT/checkpoints/latest                 text: name of the newest complete checkpoint
     OUT/checkpoints/step-00000010/         written as .tmp-step-00000010 then renamed
-        config.json, model.safetensors     ``save_pretrained``: loads in plain transformers
+        state/.metadata, state/__0_0.distcp ...   torch.distributed.checkpoint (DCP): {"model", "optimizer"}
+                                           by FQN, each rank's shards; loads on any number of ranks
+        trainer_state.json                 TrainerState: version, step, world size, global batch and
+                                           the global data position; written last (completeness mark)
+        rng-rank-00000.pt                  each rank's RNG state
+        loader-rank-00000.pt               Energon ``save_state_rank()`` per rank, --sampling buffer only
+        config.json, generation_config.json     the model's config (``train export`` rebuilds from it)
         tokenizer*.json, *config.json, chat_template.jinja   the processor's files
-        trainer_state.pt                   TrainerState.to_dict(): optimizer, step, RNG
-        loader-rank-00000.pt               Energon ``save_state_rank()`` of each data-parallel rank
+    OUT/final/                             ``train export`` of the last checkpoint when the run reaches
+                                           --max-steps: ``save_pretrained`` + processor files
+
+Example ``trainer_state.json`` (3 steps on 2 ranks, 1 pack per micro-batch, grad_accum 2, 40 packs)::
+
+    {"version": 2, "step": 3, "world_size": 2, "global_batch_packs": 4,
+     "data": {"consumed": 12, "num_packs": 40, "seed": 0}}
+
+``data.consumed`` counts packs of the global stream (`train.global_order`): epoch
+``consumed // num_packs``, of which ``consumed % num_packs`` packs are read. ``data`` is null
+with ``--sampling buffer`` (per-rank loader files instead).
 
 Example ``metrics.jsonl`` line (one optimizer step over 2 ranks x 2 micro-batches)::
 
@@ -27,12 +42,18 @@ pack key leads back to its samples (``sample_id`` = dataset:line:copy) through t
 
 from __future__ import annotations
 
-TRAIN_LAYOUT_VERSION = 1
+TRAIN_LAYOUT_VERSION = 2  # 1: save_pretrained + trainer_state.pt, same world size only
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "train.log"
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
-TRAINER_STATE_FILE = "trainer_state.pt"
+TRAINER_STATE_FILE = "trainer_state.json"
+LEGACY_TRAINER_STATE_FILE = "trainer_state.pt"  # layout 1: recognised only to refuse it by name
+STATE_DIR = "state"
+FINAL_DIR = "final"
+
+
+CHECKPOINT_GLOB = "step-" + "[0-9]" * 8  # every checkpoint_name; name order is step order
 
 
 def checkpoint_name(step: int) -> str:
@@ -43,3 +64,8 @@ def checkpoint_name(step: int) -> str:
 def loader_state_name(rank: int) -> str:
     """File holding one data-parallel rank's loader state inside a checkpoint."""
     return f"loader-rank-{rank:05d}.pt"
+
+
+def rng_state_name(rank: int) -> str:
+    """File holding one rank's RNG state inside a checkpoint."""
+    return f"rng-rank-{rank:05d}.pt"

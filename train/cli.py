@@ -8,6 +8,7 @@ import click
 
 from packvlm.secrets import install_log_redaction
 from prep.cli_errors import ErrorMappingGroup, debug_option
+from train.export import export_command
 from train.recipes.hf import hf_command
 from train.recipes.megatron import megatron_command
 
@@ -28,6 +29,7 @@ def main(verbose: bool, debug: bool) -> None:
 
 main.add_command(hf_command)
 main.add_command(megatron_command)
+main.add_command(export_command)
 
 
 if __name__ == "__main__":

@@ -1,34 +1,31 @@
 """Energon's savable loader over a packed dataset, yielding `PackedBatch` micro-batches.
 
 One call builds what every loop needs: the dataset is validated first (`train.dataset`), then
-``get_train_dataset`` with `PackedBatchTaskEncoder` (``batch_size`` = packs per micro-batch)
-is wrapped in ``get_savable_loader``. Data-parallel ranks read disjoint packs: Energon splits
-the split's packs into ``world_size x max(1, num_workers)`` contiguous ranges, one per global
-worker, so a dataset with fewer packs than that is refused up front (some worker would get
-none). With ``repeat=False`` ranks may end a few micro-batches apart (ranges differ by one
-pack); training loops use ``repeat=True``.
+a loader of `PackedBatch` micro-batches (``packs_per_microbatch`` packs each) encoded by
+`PackedBatchTaskEncoder` in worker processes. Data-parallel ranks read disjoint packs; a
+dataset with fewer packs than ``world_size x max(1, num_workers)`` is refused up front. With
+``repeat=False`` the loader ends with the epoch (ranks may end one micro-batch apart);
+training loops use ``repeat=True``.
 
 Sampling (``LoaderConfig.sampling``):
 
-- ``"epoch"`` (default): every pack exactly once per epoch across all ranks and workers, in
-  an order that differs per epoch. Each global worker walks a fresh seeded permutation of its
-  own packs per epoch (Energon: slices of one pack, ``max_samples_per_sequence=1``, shuffled
-  without replacement over one epoch, ``shuffle_over_epochs_multiplier=1``), and no sample
-  buffer mixes one epoch into the next (``shuffle_buffer_size=None``). The loader takes one
-  micro-batch from each worker in turn and ranks step together, so after ``num_packs``
-  packs consumed every worker has finished exactly one epoch. Exact when ``num_packs``
-  divides by ranks x workers; otherwise worker ranges differ by one pack, each worker's
-  epochs stay exact, and packs of the shorter ranges come round a little more often (logged).
-- ``"buffer"``: Energon's streaming default as before: slices of ``max_samples_per_sequence``
-  packs read in parallel and a shuffle buffer of ``shuffle_buffer_size`` packs, which lets
-  epochs overlap (some packs twice before others once).
+- ``"epoch"`` (default): one global stream of packs (`train.global_order`): epoch ``e`` is a
+  permutation of the split's packs that depends only on (seed, e, number of packs), epochs
+  follow one another, and each rank takes its slice of every global micro-batch. Every pack is
+  read exactly once per epoch across all ranks and workers, whatever the pack count, and the
+  loader state is one global position (`DataPosition`): a checkpoint taken on N ranks resumes
+  on M ranks with no pack read twice and none skipped in the epoch (elastic resume).
+- ``"buffer"``: Energon's streaming default: slices of ``max_samples_per_sequence`` packs read
+  in parallel per worker and a shuffle buffer of ``shuffle_buffer_size`` packs, which lets
+  epochs overlap (some packs twice before others once). Its state is per rank (Energon's
+  ``save_state_rank``), so it resumes only on the number of ranks it was saved with.
 
-Shuffling draws from Energon's worker RNG, seeded from ``WorkerConfig.seed_offset`` =
-``LoaderConfig.seed`` and the global worker id: the same seed, ranks and workers give the same
-micro-batches. Loader state for checkpoints::
+Shuffling is seeded by ``LoaderConfig.seed`` (Energon's ``WorkerConfig.seed_offset`` with
+``"buffer"``): the same seed and ranks give the same micro-batches. Loader state::
 
     state = loader_state(loader)                 # bytes, per rank; store beside the model
     loader = make_loader(config, state=state)    # a fresh loader continuing where it stopped
+    global_position(loader)                      # "epoch": the DataPosition shared by all ranks
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ import logging
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeAlias
 
 from megatron.energon import SavableDataLoader, WorkerConfig, get_savable_loader, get_train_dataset
 from megatron.energon.errors import reraise_exception
@@ -45,6 +42,7 @@ from megatron.energon.errors import reraise_exception
 from packvlm.energon import quiet_pin_memory_without_accelerator
 from train.dataset import PackedDatasetInfo, TrainConfigError, open_packed_dataset
 from train.encoder import PackedBatchTaskEncoder
+from train.global_order import DataPosition, GlobalOrderLoader, split_shards
 from train.identity import ModelConfigSource
 from train.media import PIXEL_WIRES, PixelWire
 
@@ -159,38 +157,44 @@ def validate_loader_config(config: LoaderConfig) -> PackedDatasetInfo:
         min_packs=workers,
         cp_size=config.context_parallel_size,
     )
-    if config.sampling == "epoch" and info.num_packs % workers:
+    if config.sampling == "buffer" and info.num_packs % workers:
         log.warning(
-            "%d packs over %d data-parallel workers (ranks x loader workers): %d workers hold one pack more, so "
-            "an epoch is exact per worker but not across them; a pack count divisible by %d makes it exact",
+            "%d packs over %d data-parallel workers (ranks x loader workers): with --sampling buffer %d workers hold "
+            "one pack more, so their packs come round a little more often",
             info.num_packs,
             workers,
             info.num_packs % workers,
-            workers,
         )
     return info
 
 
-def make_loader(config: LoaderConfig, *, state: bytes | None = None, validate: bool = True) -> SavableDataLoader:
-    """Energon's savable loader yielding `PackedBatch` (``packs_per_microbatch`` packs each).
+Loader: TypeAlias = SavableDataLoader | GlobalOrderLoader
+
+
+def make_loader(config: LoaderConfig, *, state: bytes | None = None, validate: bool = True) -> Loader:
+    """A loader yielding `PackedBatch` (``packs_per_microbatch`` packs each) for this rank.
 
     Args:
         config: What this rank reads.
         state: `loader_state` of a loader with the same config, to continue where it stopped.
+            With ``sampling="epoch"`` any rank's state (or ``DataPosition.to_bytes()``) serves
+            any rank of any world size: it is the global position.
         validate: Check the dataset and sizes first (`validate_loader_config`).
     """
     if validate:
         validate_loader_config(config)
-    per_epoch = config.sampling == "epoch"
+    encoder = PackedBatchTaskEncoder(config.processor, config.model, config.pixels)
+    if config.sampling == "epoch":
+        return _global_order_loader(config, encoder, state)
     dataset = get_train_dataset(
         config.data,
         split_part=config.split,
         worker_config=config.worker_config(),
         batch_size=config.packs_per_microbatch,
-        shuffle_buffer_size=None if per_epoch else config.shuffle_buffer_size,
-        max_samples_per_sequence=1 if per_epoch else config.max_samples_per_sequence,
+        shuffle_buffer_size=config.shuffle_buffer_size,
+        max_samples_per_sequence=config.max_samples_per_sequence,
         shuffle_over_epochs_multiplier=1,
-        task_encoder=PackedBatchTaskEncoder(config.processor, config.model, config.pixels),
+        task_encoder=encoder,
         repeat=config.repeat,
     )
     quiet_pin_memory_without_accelerator()
@@ -200,11 +204,42 @@ def make_loader(config: LoaderConfig, *, state: bytes | None = None, validate: b
     return loader
 
 
-def loader_state(loader: SavableDataLoader) -> bytes:
-    """This rank's loader position as bytes (pickle of Energon's state) for a checkpoint."""
+def _global_order_loader(config: LoaderConfig, encoder: PackedBatchTaskEncoder, state: bytes | None) -> Loader:
+    num_packs = sum(shard.count for shard in split_shards(config.data, config.split).shards)
+    start = DataPosition(consumed=0, num_packs=num_packs, seed=config.seed)
+    if state is not None:
+        start = DataPosition.from_bytes(state)
+        if (start.num_packs, start.seed) != (num_packs, config.seed):
+            raise TrainConfigError(
+                f"the saved data position is over {start.num_packs} packs with seed {start.seed}, but {config.data} "
+                f"split {config.split!r} holds {num_packs} packs and the seed is {config.seed}: resume with the "
+                "data and --seed the run started with"
+            )
+    return GlobalOrderLoader(
+        config.data,
+        config.split,
+        encoder,
+        start=start,
+        rank=config.rank,
+        world_size=config.world_size,
+        packs_per_microbatch=config.packs_per_microbatch,
+        num_workers=config.num_workers,
+        repeat=config.repeat,
+    )
+
+
+def loader_state(loader: Loader) -> bytes:
+    """This rank's loader position as bytes for a checkpoint (the global position with ``"epoch"``)."""
+    if isinstance(loader, GlobalOrderLoader):
+        return loader.position().to_bytes()
     return pickle.dumps(loader.save_state_rank())
 
 
-def restore_loader(config: LoaderConfig, state: bytes | None) -> SavableDataLoader:
+def global_position(loader: Loader) -> DataPosition | None:
+    """The position all ranks share (``"epoch"`` sampling), or None for Energon's per-rank state."""
+    return loader.position() if isinstance(loader, GlobalOrderLoader) else None
+
+
+def restore_loader(config: LoaderConfig, state: bytes | None) -> Loader:
     """A fresh loader for ``config`` continuing from ``state`` (None: from the start)."""
     return make_loader(config, state=state)

@@ -95,3 +95,8 @@ def load_model(
             model = auto_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     nn.Module.to(model, device)  # in place; transformers' wrapped `to` has no usable signature for type checkers
     return prepare_model_for_packing(model)
+
+
+def auto_model_class(config: object) -> type[AutoModelForCausalLM] | type[AutoModelForImageTextToText]:
+    """The Auto class `load_model` builds for ``config`` (what `train export` rebuilds a checkpoint as)."""
+    return _auto_class(config)

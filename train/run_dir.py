@@ -9,7 +9,8 @@ resumed run starts from `train.checkpoint.latest_checkpoint`. Layout: `schemas.t
 
     claim_run_dir(OUT, fingerprint=config.fingerprint(), command="train hf", resume=False, ...)
     -> None                          fresh run: OUT/_run.json written, OUT/checkpoints/ created
-    claim_run_dir(..., resume=True)  -> OUT/checkpoints/step-00000003   (None, with a warning, if none yet)
+    claim_run_dir(..., resume=True)  -> OUT/checkpoints/step-00000003   (refused if there is none)
+    claim_run_dir(..., resume=True, resume_if_exists=True)  -> the checkpoint, or None: start fresh
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 
 from packvlm.errors import UsageError
 from prep.outputs import claim_output_dir
+from schemas.layout import RUN_FILE
 from schemas.train import CHECKPOINTS_DIR, METRICS_FILE
-from train.checkpoint import latest_checkpoint
+from train.checkpoint import CheckpointError, latest_checkpoint
 from train.distributed import DistContext, broadcast_from_main
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ def claim_run_dir(
     ctx: DistContext,
     subdirs: tuple[str, ...] = (CHECKPOINTS_DIR,),
     resumable: bool = True,
+    resume_if_exists: bool = False,
 ) -> Path | None:
     """Claim ``output`` for this run on every rank; with ``resume``, the checkpoint to continue from.
 
@@ -59,23 +62,31 @@ def claim_run_dir(
         ctx: This process; rank 0 decides for all.
         subdirs: Directories the run writes into (temp files of a killed run are cleared there).
         resumable: The recipe has ``--resume``; the refusal says so only then.
+        resume_if_exists: ``--resume-if-exists``: resume when ``output`` holds a checkpoint,
+            start fresh when it holds none (a job script that reruns the same command).
 
     Raises:
-        TrainRunConflict: ``output`` holds another run, another command's output, or this run
-            without ``resume``.
+        TrainRunConflict: ``output`` holds another run, another command's output, this run
+            without ``resume``, or (``resume`` alone) no checkpoint to resume.
     """
+    resume = resume or resume_if_exists
     refusal = None
     if ctx.is_main:
         try:
-            _claim_on_main(output, fingerprint, command, resume, subdirs, resumable)
-        except TrainRunConflict as exc:
+            nothing = resume and not resume_if_exists and latest_checkpoint(output) is None
+            if nothing and not (output / RUN_FILE).is_file():  # a new OUT: refused before it is touched
+                raise TrainRunConflict(f"nothing to resume in {output}; drop --resume or pass --resume-if-exists")
+            _claim_on_main(output, fingerprint, command, resume, subdirs, resumable)  # another run's OUT: named
+            if nothing:
+                raise TrainRunConflict(f"nothing to resume in {output}; drop --resume or pass --resume-if-exists")
+        except (TrainRunConflict, CheckpointError) as exc:  # every rank must raise, not only rank 0
             refusal = str(exc)
     refusal = broadcast_from_main(refusal, ctx)
     if refusal is not None:
         raise TrainRunConflict(refusal)
     checkpoint = latest_checkpoint(output) if resume else None
     if resume and checkpoint is None:
-        log.warning("--resume: no checkpoint in %s yet; starting from step 0", output)
+        log.info("--resume-if-exists: no checkpoint in %s yet; starting from step 0", output)
     return checkpoint
 
 

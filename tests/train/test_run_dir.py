@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from schemas.layout import RUN_FILE
-from schemas.train import CHECKPOINTS_DIR, LATEST_FILE, METRICS_FILE, TRAINER_STATE_FILE, checkpoint_name
+from schemas.train import CHECKPOINTS_DIR, LATEST_FILE, METRICS_FILE, STATE_DIR, TRAINER_STATE_FILE, checkpoint_name
 from train.distributed import DistContext
 from train.loader import LoaderConfig, rank_loader_config
 from train.recipes.hf import HFTrainConfig
@@ -31,6 +31,7 @@ def _claim(out: Path, *, resume: bool = False, fingerprint: dict[str, str] | Non
 def _fake_checkpoint(out: Path, step: int) -> Path:
     path = out / CHECKPOINTS_DIR / checkpoint_name(step)
     path.mkdir(parents=True)
+    (path / STATE_DIR).mkdir()
     (path / TRAINER_STATE_FILE).write_bytes(b"")
     (out / CHECKPOINTS_DIR / LATEST_FILE).write_text(f"{path.name}\n")
     return path
@@ -49,7 +50,9 @@ def test_a_run_is_refused_without_resume_and_continued_with_it(tmp_path):
     (out / METRICS_FILE).write_text("")
     with pytest.raises(TrainRunConflict, match="pass --resume"):
         _claim(out)
-    assert _claim(out, resume=True) is None  # no checkpoint yet: from step 0
+    with pytest.raises(TrainRunConflict, match=f"nothing to resume in {out}; drop --resume or pass --resume-if-exists"):
+        _claim(out, resume=True)  # no checkpoint yet
+    assert _claim(out, resume_if_exists=True) is None  # from step 0
     checkpoint = _fake_checkpoint(out, 3)
     assert _claim(out, resume=True) == checkpoint
     with pytest.raises(TrainRunConflict, match=r"lr: '0.1' -> '0.2'"):

@@ -9,10 +9,13 @@ whatever pack, micro-batch or rank it landed in. Gradients are summed over ranks
 all-reduce per step (no DDP wrapper: the vision tower sees no input on text-only
 micro-batches, which DDP's bucket hooks treat as an error).
 
-Exact resume: a checkpoint holds the weights (``save_pretrained``), optimizer, scheduler,
-RNG, step and each rank's Energon loader state, so ``--resume`` continues with the very
-micro-batches an uninterrupted run would have read. The run directory (claim, ``--resume``,
-``train.log``) is `train.run_dir`'s, shared with `train megatron`.
+Exact resume: a checkpoint (`train.checkpoint`, torch.distributed.checkpoint) holds the
+model and optimizer shards, each rank's RNG, the step and the global data position, so
+``--resume`` continues with the very micro-batches an uninterrupted run would have read; on
+another number of ranks it continues the same epoch order, every pack once (elastic resume,
+`train.global_order`). A run that reaches ``--max-steps`` exports its last checkpoint to
+``OUT/final`` (`train.export`). The run directory (claim, ``--resume``, ``train.log``) is
+`train.run_dir`'s, shared with `train megatron`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,20 +37,21 @@ from transformers import get_scheduler
 
 from packvlm.faults import crash_point
 from prep.cli_options import default_of
-from schemas.train import LOG_FILE, METRICS_FILE
+from schemas.train import FINAL_DIR, LOG_FILE, METRICS_FILE
 from train.attention import select_attention
 from train.batch import PackedBatch
-from train.checkpoint import (
-    TrainerState,
-    load_loader_state,
-    load_trainer_state,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from train.checkpoint import TrainerState, load_checkpoint, load_loader_state, save_checkpoint
 from train.chunked_loss import chunked_token_loss_sum
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
-from train.loader import Sampling, loader_state, make_loader, rank_loader_config, validate_loader_config
+from train.export import export_checkpoint
+from train.loader import (
+    Sampling,
+    global_position,
+    loader_state,
+    make_loader,
+    rank_loader_config,
+    validate_loader_config,
+)
 from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
@@ -55,6 +60,22 @@ from train.recipes.options import PATH, shared_options
 from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
 
 log = logging.getLogger(__name__)
+
+
+# options a resumed run may change: pixels gives bit-equal inputs either way; grad_accum lets a run resumed
+# on another number of ranks keep its global batch (a change is logged)
+RESUME_MAY_CHANGE = (
+    "resume",
+    "resume_if_exists",
+    "save_every",
+    "keep_last",
+    "max_steps",
+    "stop_after",
+    "pixels",
+    "final_export",
+    "grad_accum",
+    "dist_timeout_s",
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,8 +96,11 @@ class HFTrainConfig:
     packs_per_microbatch: int = 1
     seed: int = 0
     save_every: int = 0  # 0: only at the end
+    keep_last: int = 0  # keep only the newest N checkpoints; 0: all
     stop_after: int | None = None  # checkpoint and exit after this step; the schedule still spans max_steps
     resume: bool = False
+    resume_if_exists: bool = False  # resume when OUT holds a checkpoint, else start fresh
+    final_export: bool = True  # export the last checkpoint to OUT/final when the run reaches max_steps
     device: str = "auto"
     num_workers: int = 2
     sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
@@ -88,9 +112,7 @@ class HFTrainConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
-        # pixels: bit-equal inputs either way, so a run may resume with the other wire
-        skip = ("resume", "save_every", "max_steps", "stop_after", "pixels", "dist_timeout_s")
-        return config_fingerprint(self, skip=skip)
+        return config_fingerprint(self, skip=RESUME_MAY_CHANGE)
 
 
 def _default(name: str) -> Any:
@@ -123,12 +145,34 @@ def _default(name: str) -> Any:
     help="Checkpoint every N steps (0: only at the end).",
 )
 @click.option(
+    "--keep-last",
+    type=click.IntRange(min=0),
+    default=_default("keep_last"),
+    show_default=True,
+    help="Keep only the newest N checkpoints (older ones deleted once a new one is complete); 0: keep all.",
+)
+@click.option(
     "--stop-after",
     type=click.IntRange(min=1),
     default=_default("stop_after"),
     help="Checkpoint and exit after this step (e.g. a job's time slot); --resume continues the same schedule.",
 )
-@click.option("--resume", is_flag=True, help="Continue from OUT's latest checkpoint, exactly.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue from OUT's latest checkpoint, exactly; on any number of ranks with --sampling epoch.",
+)
+@click.option(
+    "--resume-if-exists",
+    is_flag=True,
+    help="Resume when OUT holds a checkpoint, else start fresh (a job script rerun as it is).",
+)
+@click.option(
+    "--final-export/--no-final-export",
+    default=_default("final_export"),
+    show_default=True,
+    help="When the run reaches --max-steps, write OUT/final: save_pretrained + processor files (`train export`).",
+)
 @click.option("--device", default=_default("device"), show_default=True, help="auto, cpu or cuda.")
 @click.option(
     "--dist-timeout-s",
@@ -172,13 +216,18 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     loader_config = rank_loader_config(config, model=str(config.model), rank=ctx.rank, world_size=ctx.world_size)
     info = validate_loader_config(loader_config)  # fail fast, before a model is built
     checkpoint = claim_run_dir(
-        config.output, fingerprint=config.fingerprint(), command="train hf", resume=config.resume, ctx=ctx
+        config.output,
+        fingerprint=config.fingerprint(),
+        command="train hf",
+        resume=config.resume,
+        resume_if_exists=config.resume_if_exists,
+        ctx=ctx,
     )
     if ctx.is_main:
         attach_log_file(config.output / LOG_FILE)
     attention = select_attention(ctx.device)
     model = load_model(
-        checkpoint or config.model,
+        config.model,
         seed=config.seed,
         dtype=torch.float32,
         attn_implementation=attention,
@@ -186,16 +235,25 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     )
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    # built before a checkpoint loads: the template DCP fills holds each group's initial_lr, and the
+    # schedule is then advanced to the step from the options alone (see _scheduler)
+    scheduler = _scheduler(optimizer, config)
     start = 0
     restored_loader = None
+    global_batch_packs = ctx.world_size * config.grad_accum * config.packs_per_microbatch
     if checkpoint is not None:
-        state = load_trainer_state(checkpoint)
-        optimizer.load_state_dict(state.optimizer)
-        set_rng_state(state.rng)
-        restored_loader = load_loader_state(checkpoint, ctx)
-        start = state.step
-        log.info("resumed from %s at step %d", checkpoint, start)
-    scheduler = _scheduler(optimizer, config, start)
+        resumed = load_checkpoint(checkpoint, ctx, model=model, optimizer=optimizer)
+        restored_loader = load_loader_state(checkpoint, resumed, ctx)
+        start = resumed.step
+        log.info("resumed from %s at step %d (saved on %d ranks)", checkpoint, start, resumed.world_size)
+        if resumed.global_batch_packs != global_batch_packs:
+            log.warning(
+                "global batch changes from %d to %d packs per step (ranks x --grad-accum x --packs-per-microbatch); "
+                "set --grad-accum to keep it",
+                resumed.global_batch_packs,
+                global_batch_packs,
+            )
+    _advance(scheduler, start)
     loader = make_loader(loader_config, state=restored_loader, validate=False)
     writer = MetricsWriter(config.output / METRICS_FILE)
     if ctx.is_main:
@@ -212,7 +270,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         start,
         config.max_steps,
     )
-    batches = iter(loader)
+    batches: Iterator[PackedBatch] = iter(loader)
     history = []
     progress = tqdm(total=config.max_steps, initial=start, disable=not ctx.is_main, desc="train", unit="step")
     last = min(config.max_steps, config.stop_after or config.max_steps)
@@ -226,35 +284,45 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             progress.set_postfix(loss=f"{metrics.loss:.4f}", tok_s=f"{metrics.tokens_per_s:,.0f}")
             log.info(metrics.log_line(config.max_steps))
         if step == last or (config.save_every and step % config.save_every == 0):
-            state = TrainerState(step=step, optimizer=optimizer.state_dict(), rng=rng_state())
+            position = global_position(loader)
+            state = TrainerState(
+                step=step, world_size=ctx.world_size, global_batch_packs=global_batch_packs, data=position
+            )
             path = save_checkpoint(
                 config.output,
                 ctx,
                 model=model,
+                optimizer=optimizer,
                 processor_dir=config.processor,
                 state=state,
-                loader_state=loader_state(loader),
+                loader_state=None if position is not None else loader_state(loader),
+                keep_last=config.keep_last,
             )
             log.info("checkpoint %s", path)
+            if step == config.max_steps and config.final_export and ctx.is_main:
+                log.info("exported %s", export_checkpoint(path, config.output / FINAL_DIR, replace=True))
     progress.close()
     return history
 
 
-def _scheduler(optimizer: torch.optim.Optimizer, config: HFTrainConfig, step: int) -> Any:
-    """The LR schedule over ``max_steps``, advanced to ``step``.
+def _scheduler(optimizer: torch.optim.Optimizer, config: HFTrainConfig) -> Any:
+    """The LR schedule over ``max_steps``, at step 0.
 
     Rebuilt rather than restored: the learning rate of every step is then a function of the
     step and today's options alone, so a resumed run (even one given a longer --max-steps)
     never applies a rate left in the optimizer by the previous schedule.
     """
-    scheduler = get_scheduler(
+    return get_scheduler(
         config.lr_schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=config.max_steps
     )
+
+
+def _advance(scheduler: Any, step: int) -> None:
+    """Move the schedule to ``step`` (a resumed run), setting the optimizer's rates from the schedule."""
     with warnings.catch_warnings():  # stepping the schedule before optimizer.step() is intended here
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(step):
             scheduler.step()
-    return scheduler
 
 
 def _step(

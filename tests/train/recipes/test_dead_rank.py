@@ -106,10 +106,8 @@ def test_a_full_disk_during_a_checkpoint_exits_3_and_keeps_the_previous_one(run_
         assert "no space left on the device" in result.stderr and "Traceback" not in result.stderr
         checkpoints = disk / "run" / CHECKPOINTS_DIR
         assert (checkpoints / LATEST_FILE).read_text().strip() == checkpoint_name(1)
-        kept = _files(checkpoints / checkpoint_name(1))
-        assert sum(len(b) for b in kept.values()) == one_checkpoint - len(
-            (tmp_path / "probe" / CHECKPOINTS_DIR / LATEST_FILE).read_bytes()
-        )
+        kept = _files(checkpoints / checkpoint_name(1))  # whole: every file the probe's step 1 has
+        assert kept.keys() == _files(tmp_path / "probe" / CHECKPOINTS_DIR / checkpoint_name(1)).keys()
         assert not (checkpoints / checkpoint_name(2)).exists()
         probe_weights = _weights(tmp_path / "probe", 1)
         for name, tensor in _weights(disk / "run", 1).items():  # the same step-1 model, whole

@@ -14,18 +14,21 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from safetensors.torch import load_file
 
 from prep.energon.index import index_dataset
 from prep.example.model import write_tiny_model
 from prep.run import LOCAL
 from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from schemas.packed import read_packed_output
-from schemas.train import CHECKPOINTS_DIR, METRICS_FILE, checkpoint_name
+from schemas.train import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, checkpoint_name
 from tests.shards.oracles import pack
+from train.checkpoint import load_checkpoint, read_model_state
 from train.cli import main
+from train.distributed import DistContext
 from train.metrics import read_metrics
+from train.models import load_model
 
+CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 IMAGE_DATASET = "sharegpt_json"  # the example's image/text dataset (videos need torchvision)
 
 
@@ -69,7 +72,8 @@ def _train(inputs: dict[str, Path], out: Path, *extra: str) -> list[dict]:
 
 
 def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(out / CHECKPOINTS_DIR / checkpoint_name(step) / "model.safetensors")
+    """A checkpoint's whole model, read from its DCP shards in this process."""
+    return read_model_state(out / CHECKPOINTS_DIR / checkpoint_name(step))
 
 
 def test_resume_continues_with_the_same_batches_losses_and_weights(run_inputs, tmp_path):
@@ -110,13 +114,20 @@ def test_thirty_steps_lower_the_loss_and_leave_a_loadable_checkpoint(run_inputs,
     for m in metrics:
         assert m["num_real_tokens"] == m["num_tokens"]  # no --pad-to-multiple-of: no padding at all
         assert m["num_label_tokens"] > 0 and len(m["pack_keys"]) == 1
-    ckpt = tmp_path / "run" / CHECKPOINTS_DIR / checkpoint_name(30)
-    assert (ckpt / "tokenizer.json").is_file() and (ckpt / "chat_template.jinja").is_file()
-    reloaded = AutoModelForImageTextToText.from_pretrained(ckpt)
+    final = tmp_path / "run" / FINAL_DIR  # the last checkpoint, exported when the run reached --max-steps
+    assert (final / "tokenizer.json").is_file() and (final / "chat_template.jinja").is_file()
+    reloaded = AutoModelForImageTextToText.from_pretrained(final)
     saved = _weights(tmp_path / "run", 30)
+    assert reloaded.state_dict().keys() == saved.keys()
     for name, tensor in reloaded.state_dict().items():
-        if name in saved:
-            torch.testing.assert_close(tensor, saved[name])
+        torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0, msg=name)
+    # the trained model as `train hf` holds it: its own loader + the checkpoint, through the resume path
+    trained = load_model(run_inputs["model"], seed=5, attn_implementation="sdpa")
+    optimizer = torch.optim.AdamW(trained.parameters())
+    load_checkpoint(tmp_path / "run" / CHECKPOINTS_DIR / checkpoint_name(30), CTX, model=trained, optimizer=optimizer)
+    ids = torch.tensor([[5, 17, 230, 41, 9, 77, 3, 120]])
+    with torch.no_grad():  # same weights, same attention kernel: equal to fp32 rounding of the same ops
+        torch.testing.assert_close(reloaded.eval()(input_ids=ids).logits, trained.eval()(input_ids=ids).logits)
     assert sorted(p.name for p in (tmp_path / "run" / CHECKPOINTS_DIR).iterdir()) == [
         "latest",
         checkpoint_name(10),
