@@ -31,12 +31,14 @@ import torch
 from tqdm import tqdm
 from transformers import get_scheduler
 
+from packvlm.errors import UsageError
 from prep.cli_options import default_of
 from schemas.train import LOG_FILE, METRICS_FILE
 from train.attention import select_attention
 from train.batch import PackedBatch
 from train.checkpoint import (
     TrainerState,
+    copy_processor_files,
     load_loader_state,
     load_trainer_state,
     rng_state,
@@ -46,12 +48,15 @@ from train.checkpoint import (
 from train.chunked_loss import chunked_token_loss_sum
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
 from train.loader import Sampling, loader_state, make_loader, rank_loader_config, validate_loader_config
+from train.lora import LoraExport, LoraSettings, apply_lora, export_merged, load_adapter
 from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
 from train.recipes.options import PATH, shared_options
+from train.recipes.trainable_options import trainable_options
 from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
+from train.trainable import Group, freeze, num_trainable, trainable_parameters
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +86,27 @@ class HFTrainConfig:
     sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
     pixels: PixelWire = "uint8"  # image pixels from the loader workers (train.pixels); "float32" as processed
     shuffle_buffer_size: int = 100  # with sampling "buffer"
+    freeze: tuple[Group, ...] = ()  # train.trainable groups kept as loaded
+    lora_rank: int = 0  # 0: train the (unfrozen) weights; R: only LoRA adapters of rank R (train.lora)
+    lora_alpha: float | None = None  # None: 2 x lora_rank
+    lora_targets: tuple[str, ...] = ()  # leaf names inside the language model; empty: all its decoder linears
+    lora_export: LoraExport = "adapter"  # "merged": the end of the run also writes OUT/merged
+
+    def __post_init__(self) -> None:
+        if self.lora_rank and self.freeze:
+            raise UsageError("--freeze has no effect with --lora-rank (only the adapters train); drop --freeze")
+
+    def lora(self) -> LoraSettings | None:
+        """The LoRA adapters to add, or None (full fine-tuning of the unfrozen groups)."""
+        if not self.lora_rank:
+            return None
+        return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha, targets=self.lora_targets)
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
         # pixels: bit-equal inputs either way, so a run may resume with the other wire
-        return config_fingerprint(self, skip=("resume", "save_every", "max_steps", "stop_after", "pixels"))
+        skip = ("resume", "save_every", "max_steps", "stop_after", "pixels", "lora_export")
+        return config_fingerprint(self, skip=skip)
 
 
 def _default(name: str) -> Any:
@@ -125,6 +146,7 @@ def _default(name: str) -> Any:
 )
 @click.option("--resume", is_flag=True, help="Continue from OUT's latest checkpoint, exactly.")
 @click.option("--device", default=_default("device"), show_default=True, help="auto, cpu or cuda.")
+@trainable_options(HFTrainConfig)
 def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
 
@@ -165,15 +187,25 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     if ctx.is_main:
         attach_log_file(config.output / LOG_FILE)
     attention = select_attention(ctx.device)
+    lora = config.lora()
     model = load_model(
-        checkpoint or config.model,
+        config.model if lora else checkpoint or config.model,  # a LoRA checkpoint holds only the adapter
         seed=config.seed,
         dtype=torch.float32,
         attn_implementation=attention,
         device=ctx.device,
     )
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    saved = model  # what checkpoints save: the model, or with LoRA the peft wrapper (its adapter)
+    if lora is not None:
+        saved = apply_lora(model, lora)
+        if checkpoint is not None:
+            load_adapter(saved, checkpoint)
+    elif config.freeze:
+        freeze(model, config.freeze)
+    if not num_trainable(model):
+        raise UsageError(f"--freeze {' --freeze '.join(config.freeze)} leaves nothing to train")
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.lr, weight_decay=config.weight_decay)
     start = 0
     restored_loader = None
     if checkpoint is not None:
@@ -218,13 +250,17 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             path = save_checkpoint(
                 config.output,
                 ctx,
-                model=model,
+                model=saved,
                 processor_dir=config.processor,
                 state=state,
                 loader_state=loader_state(loader),
             )
             log.info("checkpoint %s", path)
     progress.close()
+    if lora is not None and config.lora_export == "merged" and last == config.max_steps and ctx.is_main:
+        merged = export_merged(saved, config.output / "merged")
+        copy_processor_files(config.processor, merged)
+        log.info("merged model %s", merged)
     return history
 
 
