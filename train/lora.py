@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
 from packvlm.errors import ResourceError, UsageError
@@ -99,9 +100,11 @@ def target_modules(model: nn.Module, targets: tuple[str, ...] = ()) -> list[str]
     return chosen
 
 
-def apply_lora(model: nn.Module, settings: LoraSettings) -> Any:
+def apply_lora(model: nn.Module, settings: LoraSettings, *, seed: int = 0) -> Any:
     """Inject LoRA adapters into ``model`` in place and freeze every base parameter.
 
+    ``lora_A`` is drawn from ``seed`` inside a forked RNG (as `train.models.load_model` draws a
+    config-only model): the same options give the same adapters whatever the caller drew before.
     Returns the `peft.PeftModel` (for saving); ``model`` itself, now holding the adapters, is
     what the loop trains (``peft_model.get_base_model() is model``).
     """
@@ -113,7 +116,9 @@ def apply_lora(model: nn.Module, settings: LoraSettings) -> Any:
         bias="none",
         target_modules=target_modules(model, settings.targets),
     )
-    peft_model = peft.get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        peft_model = peft.get_peft_model(model, config)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     log.info("LoRA rank %d alpha %g: %s of %s parameters train", settings.rank, config.lora_alpha, trainable, total)

@@ -198,7 +198,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     model.train()
     saved = model  # what checkpoints save: the model, or with LoRA the peft wrapper (its adapter)
     if lora is not None:
-        saved = apply_lora(model, lora)
+        saved = apply_lora(model, lora, seed=config.seed)
         if checkpoint is not None:
             load_adapter(saved, checkpoint)
     elif config.freeze:
