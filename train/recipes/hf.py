@@ -53,7 +53,9 @@ from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
+from train.plan import render
 from train.recipes.options import PATH, shared_options
+from train.recipes.plan_options import plan_options, plan_run, pop_plan_request
 from train.recipes.trainable_options import trainable_options
 from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
 from train.trainable import Group, freeze, num_trainable, trainable_parameters
@@ -147,6 +149,7 @@ def _default(name: str) -> Any:
 @click.option("--resume", is_flag=True, help="Continue from OUT's latest checkpoint, exactly.")
 @click.option("--device", default=_default("device"), show_default=True, help="auto, cpu or cuda.")
 @trainable_options(HFTrainConfig)
+@plan_options
 def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
 
@@ -154,8 +157,14 @@ def hf_command(**options: Any) -> None:
     train hf --data ./example-out/packed --model ./example-data/model \\
         --processor ./example-data/processor --output ./example-out/run --max-steps 30
     torchrun --nproc_per_node 2 -m train.cli hf ...   # one process per device
+    train hf ... --plan --plan-world-size 8 --gpu-memory 80GB   # memory per GPU, then exit
     """
-    history = run(HFTrainConfig(**options))
+    plan = pop_plan_request(options)
+    config = HFTrainConfig(**options)
+    if plan is not None:
+        click.echo(render(plan_run(config, plan)))
+        return
+    history = run(config)
     if history and int(os.environ.get("RANK", "0")) == 0:
         last = history[-1]
         click.echo(
