@@ -258,7 +258,7 @@ def _vision_layer(config: Any) -> tuple[int, LayerShape] | None:
     vision = getattr(config, "vision_config", None)
     if vision is None:
         return None
-    hidden = getattr(vision, "hidden_size", None) or getattr(vision, "embed_dim", None)
+    hidden = getattr(vision, "embed_dim", None) or getattr(vision, "hidden_size", None)  # Qwen2-VL: embed_dim
     blocks = getattr(vision, "depth", None) or getattr(vision, "num_hidden_layers", None)
     if not hidden or not blocks:
         return None
