@@ -117,6 +117,7 @@ def supported_flags() -> set[str]:
 def worker(out_dir: Path, train_args: list[str]) -> None:
     """One rank under torchrun: `train hf`, then this rank's measures as JSON."""
     from torch.distributed.tensor import DTensor
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from train.cli import main
 
@@ -132,7 +133,7 @@ def worker(out_dir: Path, train_args: list[str]) -> None:
         moments = [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq") if k in s]
         state["bytes"] = max(state["bytes"], total + sum(local_bytes(m) for m in moments))
 
-    torch.optim.Optimizer.register_optimizer_step_post_hook(after_step)
+    register_optimizer_step_post_hook(after_step)
     before = psutil.Process().memory_info().rss
     main(["hf", *train_args], standalone_mode=False)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
