@@ -22,15 +22,16 @@ from train.plan import GiB, PlanInputs, Sharding, model_shape, parse_memory, pla
 CONFIGS = Path(__file__).resolve().parent / "configs"
 MODELS = ("qwen2_5_vl_7b", "qwen2_5_vl_32b", "qwen2_5_vl_72b")
 LORA_RANK = 16
-#: (label, sharding, gpus per node, activation checkpointing, LoRA rank, frozen groups)
-SETUPS: tuple[tuple[str, Sharding, int, bool, int, tuple[str, ...]], ...] = (
-    ("no sharding (every GPU holds everything)", "none", 8, True, 0, ()),
-    ("full sharding", "full", 8, False, 0, ()),
-    ("full sharding + checkpointing", "full", 8, True, 0, ()),
-    ("hybrid (2 nodes x 4) + checkpointing", "hybrid", 4, True, 0, ()),
-    ("full + checkpointing, vision frozen", "full", 8, True, 0, ("vision",)),
-    (f"LoRA r{LORA_RANK}, no sharding + checkpointing", "none", 8, True, LORA_RANK, ()),
-    (f"LoRA r{LORA_RANK}, full sharding + checkpointing", "full", 8, True, LORA_RANK, ()),
+#: (label, sharding, gpus per node, activation checkpointing, CPU offload, LoRA rank, frozen groups)
+SETUPS: tuple[tuple[str, Sharding, int, bool, bool, int, tuple[str, ...]], ...] = (
+    ("no sharding (every GPU holds everything)", "none", 8, True, False, 0, ()),
+    ("full sharding", "full", 8, False, False, 0, ()),
+    ("full sharding + checkpointing", "full", 8, True, False, 0, ()),
+    ("hybrid (2 nodes x 4) + checkpointing", "hybrid", 4, True, False, 0, ()),
+    ("full + checkpointing, vision frozen", "full", 8, True, False, 0, ("vision",)),
+    ("full + checkpointing + CPU offload", "full", 8, True, True, 0, ()),
+    (f"LoRA r{LORA_RANK}, no sharding + checkpointing", "none", 8, True, False, LORA_RANK, ()),
+    (f"LoRA r{LORA_RANK}, full sharding + checkpointing", "full", 8, True, False, LORA_RANK, ()),
 )
 
 
@@ -48,7 +49,7 @@ def main() -> None:
     header = " | ".join(f"{name.split('_')[-1].upper()} ({shapes[name][0].num_params / 1e9:.1f}B)" for name in MODELS)
     print(f"| {args.gpus} x {args.gpu_memory}, {args.pack_size:,}-token packs | {header} |")
     print("|---|" + "---|" * len(MODELS))
-    for label, sharding, per_node, checkpointing, rank, frozen in SETUPS:
+    for label, sharding, per_node, checkpointing, offload, rank, frozen in SETUPS:
         cells = []
         for name in MODELS:
             inputs = PlanInputs(
@@ -59,10 +60,12 @@ def main() -> None:
                 lora_rank=rank,
                 tokens_per_microbatch=args.pack_size,
                 activation_checkpointing=checkpointing,
+                cpu_offload=offload,
                 gpu_memory_bytes=memory,
             )
             plan = plan_memory(shapes[name][1 if rank else 0], inputs)
-            cells.append(f"{plan.total / GiB:.1f} GiB {'fits' if plan.fits else '**does not fit**'}")
+            host = f" (+{plan.host / GiB:.0f} GiB host)" if plan.host else ""
+            cells.append(f"{plan.total / GiB:.1f} GiB{host} {'fits' if plan.fits else '**does not fit**'}")
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 

@@ -16,7 +16,8 @@ MoE) and key-value widths, V the vocabulary::
                                          whole step, the running unit and the prefetched next
                  none + bf16: 2 P        autocast's bf16 copy of every weight, kept for backward
     gradients    4 Pt / S                fp32, reduce-scattered (frozen parameters: none)
-                 + sharded: (c + 4) U    the unit being reduced (compute and fp32 copies)
+                 + sharded: (c + 4) Ut   the unit being reduced (compute and fp32 copies): Ut the
+                                         largest unit's trainable part (its adapters with LoRA)
     optimizer    8 Pt / S                AdamW exp_avg + exp_avg_sq in fp32 (frozen: none)
     activations  no checkpointing:  L T a
                  checkpointing:     L T h c + T a     layer inputs, plus one layer recomputed
@@ -30,6 +31,8 @@ gated MLP gate, up, SiLU and product (4 I); no T^2 term (varlen / flash attentio
 
     a = 4 (8 h + 2 kv + 4 I)                    fp32
     a = 2 (10 h + 2 kv + 4 I)                   bf16 (RMSNorm keeps an fp32 copy of its input)
+
+(4 I becomes 2 I for an ungated fc1 / act / fc2 MLP, as in Qwen2-VL's vision blocks.)
 
 ``--cpu-offload`` moves parameters, gradients and optimizer state to host memory (reported
 as ``host``); the GPU keeps the compute copies and activations. Vision-tower activations depend
@@ -56,6 +59,7 @@ RESERVE_FRACTION = 0.10
 LOSS_CHUNK = 256  # train.chunked_loss.DEFAULT_CHUNK_SIZE: label positions per chunk
 LOSS_COPIES = 4  # fp32 [chunk, V] logits live at once in the chunked loss (about 3.5)
 _UNIT = re.compile(r"^(.*?\.(?:layers|blocks)\.\d+)\.")
+_GATES = frozenset({"gate_proj", "gate_up_proj"})
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*(GB|GIB|G|MB|MIB|M|TB|TIB|T)?\s*$", re.IGNORECASE)
 
 
@@ -66,6 +70,7 @@ class LayerShape:
     hidden: int
     intermediate: int  # MLP width actually computed per token (x top-k experts for MoE)
     kv: int  # key/value width (num_kv_heads x head_dim)
+    gated: bool = True  # gate/up/down MLP (keeps 4 I); False: fc1/act/fc2 (keeps 2 I), e.g. Qwen2-VL's vision
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,6 +81,8 @@ class ModelShape:
     group_params: dict[Group, int]
     lora_params: int  # adapter parameters at the planned rank (0: no LoRA)
     unit_params: int  # largest FSDP unit (decoder layer / vision block)
+    group_unit_params: dict[Group, int]  # largest unit of each group (0: the group has none)
+    unit_lora_params: int = 0  # adapter parameters of the unit with the most
     root_params: int  # parameters outside every unit
     num_layers: int
     text: LayerShape
@@ -151,10 +158,10 @@ def parse_memory(text: str) -> int:
 
 def activation_bytes_per_token(layer: LayerShape, precision: Precision) -> int:
     """``a``: bytes one token keeps for backward in one layer (module docstring)."""
-    h, kv, inter = layer.hidden, layer.kv, layer.intermediate
+    h, kv, mlp = layer.hidden, layer.kv, (4 if layer.gated else 2) * layer.intermediate
     if precision == "fp32":
-        return 4 * (8 * h + 2 * kv + 4 * inter)
-    return 2 * (10 * h + 2 * kv + 4 * inter)
+        return 4 * (8 * h + 2 * kv + mlp)
+    return 2 * (10 * h + 2 * kv + mlp)
 
 
 def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
@@ -168,7 +175,11 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     parameters, gradients, optimizer = 4 * all_params // s, 4 * trainable // s, 8 * trainable // s
     if sharded:
         compute = c * (shape.root_params + 2 * shape.unit_params)
-        transient_grads = (c + 4) * shape.unit_params
+        if inputs.lora_rank:
+            unit_trainable = shape.unit_lora_params
+        else:
+            unit_trainable = max((n for g, n in shape.group_unit_params.items() if g not in inputs.freeze), default=0)
+        transient_grads = (c + 4) * unit_trainable
     else:
         compute = 2 * all_params if inputs.precision == "bf16" else 0
         transient_grads = 0
@@ -254,7 +265,7 @@ def _text_layer(config: Any) -> LayerShape:
     return LayerShape(hidden=hidden, intermediate=int(inter or 4 * hidden), kv=kv)
 
 
-def _vision_layer(config: Any) -> tuple[int, LayerShape] | None:
+def _vision_layer(config: Any, gated: bool) -> tuple[int, LayerShape] | None:
     vision = getattr(config, "vision_config", None)
     if vision is None:
         return None
@@ -263,7 +274,12 @@ def _vision_layer(config: Any) -> tuple[int, LayerShape] | None:
     if not hidden or not blocks:
         return None
     inter = getattr(vision, "intermediate_size", None) or int(getattr(vision, "mlp_ratio", 4) * hidden)
-    return int(blocks), LayerShape(hidden=int(hidden), intermediate=int(inter), kv=int(hidden))
+    return int(blocks), LayerShape(hidden=int(hidden), intermediate=int(inter), kv=int(hidden), gated=gated)
+
+
+def _unit_of(module_name: str) -> str | None:
+    match = _UNIT.match(f"{module_name}.")
+    return match.group(1) if match else None
 
 
 def model_shape(config: Any, *, lora_rank: int = 0, lora_targets: tuple[str, ...] = ()) -> ModelShape:
@@ -272,31 +288,44 @@ def model_shape(config: Any, *, lora_rank: int = 0, lora_targets: tuple[str, ...
 
     from train.lora import target_modules
     from train.models import auto_class
-    from train.trainable import group_sizes
+    from train.trainable import group_sizes, is_multimodal, parameter_group
 
     with torch.device("meta"):
         model = auto_class(config).from_config(config)
     units: Counter[str] = Counter()
+    unit_groups: dict[str, Group] = {}
     root = 0
     for name, param in model.named_parameters():
         match = _UNIT.match(name)
         if match:
             units[match.group(1)] += param.numel()
+            unit_groups[match.group(1)] = parameter_group(name, multimodal=is_multimodal(model))
         else:
             root += param.numel()
+    group_units = {g: max((n for u, n in units.items() if unit_groups[u] == g), default=0) for g in GROUPS}
     lora = 0
+    unit_lora: Counter[str] = Counter()
     if lora_rank:
         modules = dict(model.named_modules())
         for target in target_modules(model, lora_targets):
             layer = modules[target]
-            lora += lora_rank * (layer.in_features + layer.out_features)
+            adapters = lora_rank * (layer.in_features + layer.out_features)
+            lora += adapters
+            match = _UNIT.match(f"{target}.")
+            unit_lora[match.group(1) if match else target] += adapters
     text = config.get_text_config()
-    vision = _vision_layer(config)
+    vision_gated = any(
+        unit_groups.get(_unit_of(name) or "") == "vision" and name.rsplit(".", 1)[-1] in _GATES
+        for name, _ in model.named_modules()
+    )
+    vision = _vision_layer(config, vision_gated)
     return ModelShape(
         name=type(model).__name__,
         group_params=group_sizes(model),
         lora_params=lora,
         unit_params=max(units.values(), default=0),
+        group_unit_params=group_units,
+        unit_lora_params=max(unit_lora.values(), default=0),
         root_params=root,
         num_layers=int(text.num_hidden_layers),
         text=_text_layer(text),

@@ -102,6 +102,8 @@ def test_sharding_arithmetic_for_qwen2_5_vl_7b() -> None:
     lora = plan_memory(with_adapters, PlanInputs(world_size=8, lora_rank=16))
     adapters = with_adapters.lora_params
     assert (lora.parameters, lora.optimizer) == (4 * (p + adapters) // 8, 8 * adapters // 8)
+    layer = 16 * (2 * 3584 + 2 * (3584 + 512) + 3584 + 3584 + 3 * (3584 + 18944))  # q k v o gate up down
+    assert with_adapters.unit_lora_params == layer and lora.gradients == 4 * adapters // 8 + 6 * layer
     assert 0 < adapters < 0.01 * p
     offload = plan_memory(shape, PlanInputs(world_size=8, cpu_offload=True))
     assert offload.parameters == offload.optimizer == 0 and offload.host == 16 * p // 8
