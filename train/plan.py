@@ -32,7 +32,9 @@ gated MLP gate, up, SiLU and product (4 I); no T^2 term (varlen / flash attentio
     a = 4 (8 h + 2 kv + 4 I)                    fp32
     a = 2 (10 h + 2 kv + 4 I)                   bf16 (RMSNorm keeps an fp32 copy of its input)
 
-(4 I becomes 2 I for an ungated fc1 / act / fc2 MLP, as in Qwen2-VL's vision blocks.)
+(4 I becomes 2 I for an ungated fc1 / act / fc2 MLP, as in Qwen2-VL's vision blocks; a fused
+``qkv`` projection, as in Qwen-VL vision blocks, keeps its output too: + 3 h. Both measured the
+same way, within 1 %.)
 
 ``--cpu-offload`` moves parameters, gradients and optimizer state to host memory (reported
 as ``host``); the GPU keeps the compute copies and activations. Vision-tower activations depend
@@ -71,6 +73,7 @@ class LayerShape:
     intermediate: int  # MLP width actually computed per token (x top-k experts for MoE)
     kv: int  # key/value width (num_kv_heads x head_dim)
     gated: bool = True  # gate/up/down MLP (keeps 4 I); False: fc1/act/fc2 (keeps 2 I), e.g. Qwen2-VL's vision
+    fused_qkv: bool = False  # one qkv projection whose output is kept too (+3 h): Qwen-VL vision blocks
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,9 +162,10 @@ def parse_memory(text: str) -> int:
 def activation_bytes_per_token(layer: LayerShape, precision: Precision) -> int:
     """``a``: bytes one token keeps for backward in one layer (module docstring)."""
     h, kv, mlp = layer.hidden, layer.kv, (4 if layer.gated else 2) * layer.intermediate
+    qkv = 3 * h if layer.fused_qkv else 0
     if precision == "fp32":
-        return 4 * (8 * h + 2 * kv + mlp)
-    return 2 * (10 * h + 2 * kv + mlp)
+        return 4 * (8 * h + 2 * kv + mlp + qkv)
+    return 2 * (10 * h + 2 * kv + mlp + qkv)
 
 
 def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
@@ -265,7 +269,7 @@ def _text_layer(config: Any) -> LayerShape:
     return LayerShape(hidden=hidden, intermediate=int(inter or 4 * hidden), kv=kv)
 
 
-def _vision_layer(config: Any, gated: bool) -> tuple[int, LayerShape] | None:
+def _vision_layer(config: Any, leaves: frozenset[str]) -> tuple[int, LayerShape] | None:
     vision = getattr(config, "vision_config", None)
     if vision is None:
         return None
@@ -274,7 +278,10 @@ def _vision_layer(config: Any, gated: bool) -> tuple[int, LayerShape] | None:
     if not hidden or not blocks:
         return None
     inter = getattr(vision, "intermediate_size", None) or int(getattr(vision, "mlp_ratio", 4) * hidden)
-    return int(blocks), LayerShape(hidden=int(hidden), intermediate=int(inter), kv=int(hidden), gated=gated)
+    gated, fused = bool(leaves & _GATES), "qkv" in leaves
+    return int(blocks), LayerShape(
+        hidden=int(hidden), intermediate=int(inter), kv=int(hidden), gated=gated, fused_qkv=fused
+    )
 
 
 def _unit_of(module_name: str) -> str | None:
@@ -314,11 +321,12 @@ def model_shape(config: Any, *, lora_rank: int = 0, lora_targets: tuple[str, ...
             match = _UNIT.match(f"{target}.")
             unit_lora[match.group(1) if match else target] += adapters
     text = config.get_text_config()
-    vision_gated = any(
-        unit_groups.get(_unit_of(name) or "") == "vision" and name.rsplit(".", 1)[-1] in _GATES
+    vision_leaves = frozenset(
+        name.rsplit(".", 1)[-1]
         for name, _ in model.named_modules()
+        if unit_groups.get(_unit_of(name) or "") == "vision"
     )
-    vision = _vision_layer(config, vision_gated)
+    vision = _vision_layer(config, vision_leaves)
     return ModelShape(
         name=type(model).__name__,
         group_params=group_sizes(model),

@@ -8,6 +8,7 @@ written out by hand for Qwen2.5-VL-7B's published config.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,14 +27,11 @@ from train.trainable import freeze, group_sizes
 CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
 
 
-def _saved_bytes(num_layers: int, tokens: int, dtype: torch.dtype) -> int:
-    """Bytes of the tensors autograd keeps for backward (parameters excluded) in a Qwen2 forward."""
-    config = Qwen2Config(
-        vocab_size=512, hidden_size=256, intermediate_size=704, num_hidden_layers=num_layers, num_attention_heads=4,
-        num_key_value_heads=2, use_cache=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(dtype)
+GRID = torch.tensor([[1, 16, 16]])  # 256 patches
+
+
+def _saved_bytes_of(model: torch.nn.Module, forward) -> int:
+    """Bytes of the tensors autograd keeps for backward (parameters excluded) in ``forward()``."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -44,8 +42,19 @@ def _saved_bytes(num_layers: int, tokens: int, dtype: torch.dtype) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.model(input_ids=torch.randint(0, 512, (1, tokens)))
+        forward()
     return sum(seen.values())
+
+
+def _saved_bytes(num_layers: int, tokens: int, dtype: torch.dtype) -> int:
+    """Saved bytes of a transformers Qwen2 forward over ``tokens`` tokens."""
+    config = Qwen2Config(
+        vocab_size=512, hidden_size=256, intermediate_size=704, num_hidden_layers=num_layers, num_attention_heads=4,
+        num_key_value_heads=2, use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(dtype)
+    return _saved_bytes_of(model, lambda: model.model(input_ids=torch.randint(0, 512, (1, tokens))))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -135,3 +144,27 @@ def test_train_hf_plan_prints_and_exits_without_training(run_inputs, tmp_path: P
     assert small.exit_code == 0 and "DOES NOT FIT" in small.output
     bad = CliRunner().invoke(main, [*base, "--gpu-memory", "lots"])
     assert bad.exit_code == 2 and "80GB" in bad.output
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])  # ungated and gated MLP, fused qkv
+def test_vision_bytes_per_patch_match_autograds_saved_tensors(family: str, tmp_path: Path) -> None:
+    model_dir = make_family(family, tmp_path).model_dir
+    base = json.loads((model_dir / "config.json").read_text())
+
+    def saved(depth: int) -> tuple[int, Path]:
+        config = json.loads(json.dumps(base))
+        vision = config["vision_config"]
+        vision.update({"depth": depth, "num_heads": 4, "fullatt_block_indexes": list(range(depth))})
+        vision.update({"embed_dim": 256} if "embed_dim" in vision else {"hidden_size": 256, "intermediate_size": 512})
+        directory = tmp_path / f"depth{depth}"
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(config))
+        model = load_model(directory, seed=0, attn_implementation="sdpa")
+        patch = 3 * vision["temporal_patch_size"] * vision["patch_size"] ** 2
+        return _saved_bytes_of(model, lambda: model.model.visual(torch.randn(256, patch), grid_thw=GRID)), directory
+
+    (deep, directory), (shallow, _) = saved(3), saved(1)
+    per_patch = (deep - shallow) / 2 / 256
+    shape = model_shape(AutoConfig.from_pretrained(directory))
+    estimate = activation_bytes_per_token(shape.vision, "fp32")
+    assert abs(estimate - per_patch) <= 0.01 * per_patch, (estimate, per_patch)
