@@ -28,6 +28,7 @@ state / (1-rank state / R) and plan total / measured peak. Prints the machine fi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -143,7 +144,7 @@ def worker(out_dir: Path, train_args: list[str]) -> None:
     ]
     patches = max(m["vision_patches"][rank] for m in metrics)
     measure = RankMeasure(rank=rank, state_bytes=state["bytes"], peak_rise_bytes=peak - before, vision_patches=patches)
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(measure.__dict__))
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(dataclasses.asdict(measure)))
 
 
 def measure(ranks: int, mode: str, inputs: tuple[Path, Path, Path], work: Path, steps: int) -> list[RankMeasure]:
