@@ -97,6 +97,8 @@ class HFTrainConfig:
     def __post_init__(self) -> None:
         if self.lora_rank and self.freeze:
             raise UsageError("--freeze has no effect with --lora-rank (only the adapters train); drop --freeze")
+        if {"vision", "projector", "language"} <= set(self.freeze):  # checked before the run directory is claimed
+            raise UsageError(f"--freeze {' --freeze '.join(self.freeze)} leaves nothing to train")
 
     def lora(self) -> LoraSettings | None:
         """The LoRA adapters to add, or None (full fine-tuning of the unfrozen groups)."""

@@ -106,6 +106,7 @@ def test_what_to_train_usage_errors(run_inputs, tmp_path, monkeypatch):  # noqa:
     every = [f"--freeze={g}" for g in ("vision", "projector", "language")]
     nothing = runner.invoke(main, [*base, "--output", str(tmp_path / "b"), *every])
     assert nothing.exit_code == 2 and "nothing to train" in nothing.output
+    assert not (tmp_path / "b").exists()  # refused before the run directory is claimed
     bad = runner.invoke(main, [*base, "--output", str(tmp_path / "c"), "--lora-rank", "4", "--lora-targets", "qkv"])
     assert bad.exit_code == 2 and "q_proj" in bad.output  # names the layers it has
     monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError
