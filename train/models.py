@@ -52,6 +52,11 @@ def _auto_class(config: object) -> type[AutoModelForCausalLM] | type[AutoModelFo
     return AutoModelForCausalLM
 
 
+def auto_class(config: object) -> type[AutoModelForCausalLM] | type[AutoModelForImageTextToText]:
+    """The transformers Auto class `load_model` builds ``config``'s model with."""
+    return _auto_class(config)
+
+
 def _packable_attention(config: object, auto_class: type, attn_implementation: str) -> str:
     """``packvlm_varlen`` for a model class that refuses flash attention (Gemma 3: its image blocks)."""
     model_class = auto_class._model_mapping.get(type(config), None)  # type: ignore[attr-defined]

@@ -35,12 +35,13 @@ import torch
 from tqdm import tqdm
 from transformers import get_scheduler
 
+from packvlm.errors import UsageError
 from packvlm.faults import crash_point
 from prep.cli_options import default_of
 from schemas.train import FINAL_DIR, LOG_FILE, METRICS_FILE
 from train.attention import select_attention
 from train.batch import PackedBatch
-from train.checkpoint import TrainerState, load_checkpoint, load_loader_state, save_checkpoint
+from train.checkpoint import TrainerState, copy_processor_files, load_checkpoint, load_loader_state, save_checkpoint
 from train.chunked_loss import chunked_token_loss_sum
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
 from train.export import export_checkpoint
@@ -52,12 +53,17 @@ from train.loader import (
     rank_loader_config,
     validate_loader_config,
 )
+from train.lora import LoraExport, LoraSettings, apply_lora, export_merged, save_adapter
 from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
+from train.plan import render
 from train.recipes.options import PATH, shared_options
+from train.recipes.plan_options import plan_options, plan_run, pop_plan_request
+from train.recipes.trainable_options import trainable_options
 from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
+from train.trainable import Group, freeze, num_trainable, trainable_parameters
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +81,7 @@ RESUME_MAY_CHANGE = (
     "final_export",
     "grad_accum",
     "dist_timeout_s",
+    "lora_export",
 )
 
 
@@ -109,6 +116,23 @@ class HFTrainConfig:
     # a collective waiting longer than this for another rank fails, so the living ranks exit when one
     # dies instead of hanging (a checkpoint save on rank 0 is waited for at a barrier: keep it long)
     dist_timeout_s: int = 1800
+    freeze: tuple[Group, ...] = ()  # train.trainable groups kept as loaded
+    lora_rank: int = 0  # 0: train the (unfrozen) weights; R: only LoRA adapters of rank R (train.lora)
+    lora_alpha: float | None = None  # None: 2 x lora_rank
+    lora_targets: tuple[str, ...] = ()  # leaf names inside the language model; empty: all its decoder linears
+    lora_export: LoraExport = "adapter"  # "merged": the end of the run also writes OUT/merged
+
+    def __post_init__(self) -> None:
+        if self.lora_rank and self.freeze:
+            raise UsageError("--freeze has no effect with --lora-rank (only the adapters train); drop --freeze")
+        if {"vision", "projector", "language"} <= set(self.freeze):  # checked before the run directory is claimed
+            raise UsageError(f"--freeze {' --freeze '.join(self.freeze)} leaves nothing to train")
+
+    def lora(self) -> LoraSettings | None:
+        """The LoRA adapters to add, or None (full fine-tuning of the unfrozen groups)."""
+        if not self.lora_rank:
+            return None
+        return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha, targets=self.lora_targets)
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
@@ -181,6 +205,8 @@ def _default(name: str) -> Any:
     show_default=True,
     help="Seconds a collective waits for the other ranks before failing (a dead rank ends the run, never hangs it).",
 )
+@trainable_options(HFTrainConfig)
+@plan_options
 def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
 
@@ -188,8 +214,14 @@ def hf_command(**options: Any) -> None:
     train hf --data ./example-out/packed --model ./example-data/model \\
         --processor ./example-data/processor --output ./example-out/run --max-steps 30
     torchrun --nproc_per_node 2 -m train.cli hf ...   # one process per device
+    train hf ... --plan --plan-world-size 8 --gpu-memory 80GB   # memory per GPU, then exit
     """
-    history = run(HFTrainConfig(**options))
+    plan = pop_plan_request(options)
+    config = HFTrainConfig(**options)
+    if plan is not None:
+        click.echo(render(plan_run(config, plan)))
+        return
+    history = run(config)
     if history and int(os.environ.get("RANK", "0")) == 0:
         last = history[-1]
         click.echo(
@@ -226,15 +258,23 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     if ctx.is_main:
         attach_log_file(config.output / LOG_FILE)
     attention = select_attention(ctx.device)
+    lora = config.lora()
     model = load_model(
-        config.model,
+        config.model,  # a checkpoint's weights (and LoRA adapters) are loaded below, after sharding
         seed=config.seed,
         dtype=torch.float32,
         attn_implementation=attention,
         device=ctx.device,
     )
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    saved = model  # what a LoRA checkpoint also writes as a peft adapter: the peft wrapper
+    if lora is not None:
+        saved = apply_lora(model, lora, seed=config.seed)
+    elif config.freeze:
+        freeze(model, config.freeze)
+    if not num_trainable(model):
+        raise UsageError(f"--freeze {' --freeze '.join(config.freeze)} leaves nothing to train")
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.lr, weight_decay=config.weight_decay)
     # built before a checkpoint loads: the template DCP fills holds each group's initial_lr, and the
     # schedule is then advanced to the step from the options alone (see _scheduler)
     scheduler = _scheduler(optimizer, config)
@@ -298,10 +338,16 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
                 loader_state=None if position is not None else loader_state(loader),
                 keep_last=config.keep_last,
             )
+            if lora is not None:
+                save_adapter(saved, path, ctx)  # a peft adapter directory beside the shards
             log.info("checkpoint %s", path)
-            if step == config.max_steps and config.final_export and ctx.is_main:
+            if step == config.max_steps and config.final_export and lora is None and ctx.is_main:
                 log.info("exported %s", export_checkpoint(path, config.output / FINAL_DIR, replace=True))
     progress.close()
+    if lora is not None and config.lora_export == "merged" and last == config.max_steps and ctx.is_main:
+        merged = export_merged(saved, config.output / "merged")
+        copy_processor_files(config.processor, merged)
+        log.info("merged model %s", merged)
     return history
 
 

@@ -1,0 +1,233 @@
+"""Peak memory per rank of `train hf` on CPU (gloo) by sharding mode, beside `train hf --plan`'s estimate.
+
+    python benchmarks/bench_train_sharding.py                       # 1, 2 and 4 ranks, every mode
+    python benchmarks/bench_train_sharding.py --ranks 1 --modes none --steps 2
+
+Model: a Qwen2-VL config scaled to ~170M parameters (text: 12 layers, hidden 1024, MLP 2816,
+16 heads / 4 KV heads; vision: 8 blocks of 512; the example's 3,014-token vocabulary), random
+init, fp32. Data: the example's image/text rows (`prep example`), tokenized and packed at
+``--pack-size`` (default 2048), one pack per micro-batch. Each configuration is one
+``torchrun --nproc_per_node R`` of ``train hf`` with ``--num-workers 0`` (all loader memory in
+the measured process) for ``--steps`` steps:
+
+    none        every rank holds the whole model, its gradients and AdamW state (`train hf` today)
+    full        FSDP2 over all ranks (``--sharding full``)
+    full+ac     the same with ``--activation-checkpointing``
+    offload     ``--sharding full --cpu-offload``
+
+Modes whose flags `train hf` does not have on this branch are reported as "not available on
+this branch" instead of run. Per rank, measured: ``state`` — the bytes of the parameters (local
+shards), gradients and AdamW moments the optimizer holds right after its step (an optimizer
+step hook: exact, no allocator noise), and ``peak`` — the rise of the peak RSS (``getrusage``)
+over the RSS just before `train hf` starts (the model, data, activations, allocator). Beside
+them: the plan for the same run (`train.plan`, fp32, the run's largest vision-patch count per
+micro-batch) — its state (parameters + gradients + optimizer) and its total — and the ratios
+state / (1-rank state / R) and plan total / measured peak. Prints the machine first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import torch
+import transformers
+from machine import cpu_model
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+MODES = {  # mode -> extra `train hf` flags
+    "none": (),
+    "full": ("--sharding", "full"),
+    "full+ac": ("--sharding", "full", "--activation-checkpointing"),
+    "offload": ("--sharding", "full", "--cpu-offload"),
+}
+SCALED = {  # Qwen2-VL, ~170M parameters with the example's tokenizer
+    "text_config": {
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "layer_types": ["full_attention"] * 12,
+    },
+    "vision_config": {"depth": 8, "embed_dim": 512, "num_heads": 8, "mlp_ratio": 4, "hidden_size": 1024},
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankMeasure:
+    rank: int
+    state_bytes: int  # parameters (local shards) + gradients + AdamW moments after the step
+    peak_rise_bytes: int  # peak RSS minus the RSS before `train hf` started
+    vision_patches: int  # most image patches in one of this rank's micro-batches
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_cli(*args: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    subprocess.run(args, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def prepare(work: Path, pack_size: int) -> tuple[Path, Path, Path]:
+    """(packed data, model dir, processor dir): the example's image rows and the scaled Qwen2-VL config."""
+    example, packed = work / "example", work / "packed"
+    run_cli("prep", "example", str(example))
+    run_cli(
+        "prep", "tokenize", "--dataset-config", str(example / "dataset_info.json"), "--processor",
+        str(example / "processor"), "--dataset", "sharegpt_json", "--output", str(work / "tok"),
+        "--max-error-rate", "0.25",
+    )  # fmt: skip
+    run_cli(
+        "prep", "pack", str(work / "tok"), "--output", str(packed), "--pack-size", str(pack_size),
+        "--oversize", "drop", "--max-oversize-rate", "1.0",  # samples longer than a small pack: dropped
+    )  # fmt: skip
+    run_cli("prep", "energon-index", str(packed))
+    config = json.loads((example / "model" / "config.json").read_text())
+    for part, values in SCALED.items():
+        config[part].update(values)
+    config["text_config"]["rope_parameters"]["mrope_section"] = [16, 8, 8]  # head_dim 64: t/h/w halves sum to 32
+    model = work / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    return packed, model, example / "processor"
+
+
+def supported_flags() -> set[str]:
+    from train.recipes.hf import hf_command
+
+    return {opt for param in hf_command.params for opt in param.opts}
+
+
+def worker(out_dir: Path, train_args: list[str]) -> None:
+    """One rank under torchrun: `train hf`, then this rank's measures as JSON."""
+    from torch.distributed.tensor import DTensor
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from train.cli import main
+
+    state = {"bytes": 0}
+
+    def local_bytes(tensor: torch.Tensor) -> int:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return local.numel() * local.element_size()
+
+    def after_step(optimizer: torch.optim.Optimizer, _args: object, _kwargs: object) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        total = sum(local_bytes(p) + (local_bytes(p.grad) if p.grad is not None else 0) for p in params)
+        moments = [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq") if k in s]
+        state["bytes"] = max(state["bytes"], total + sum(local_bytes(m) for m in moments))
+
+    register_optimizer_step_post_hook(after_step)
+    before = psutil.Process().memory_info().rss
+    main(["hf", *train_args], standalone_mode=False)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rank = int(os.environ.get("RANK", "0"))
+    metrics = [
+        json.loads(line) for line in (Path(train_args[train_args.index("--output") + 1]) / "metrics.jsonl").open()
+    ]
+    patches = max(m["vision_patches"][rank] for m in metrics)
+    measure = RankMeasure(rank=rank, state_bytes=state["bytes"], peak_rise_bytes=peak - before, vision_patches=patches)
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(dataclasses.asdict(measure)))
+
+
+def measure(ranks: int, mode: str, inputs: tuple[Path, Path, Path], work: Path, steps: int) -> list[RankMeasure]:
+    packed, model, processor = inputs
+    out = work / f"run-{ranks}-{mode}"
+    measures = work / f"measures-{ranks}-{mode}"
+    measures.mkdir()
+    train_args = [
+        "--data", str(packed), "--model", str(model), "--processor", str(processor), "--output", str(out),
+        "--max-steps", str(steps), "--num-workers", "0", "--device", "cpu", *MODES[mode],
+    ]  # fmt: skip
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
+        str(free_port()), __file__, "--worker", str(measures), "--", *train_args,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{ranks} ranks {mode} failed:\n{done.stderr[-4000:]}")
+    return [RankMeasure(**json.loads((measures / f"rank{r}.json").read_text())) for r in range(ranks)]
+
+
+def plan_for(ranks: int, mode: str, model: Path, pack_size: int, patches: int) -> tuple[int, int]:
+    """(state, total) bytes per rank that `train.plan` gives for this run (fp32 on CPU)."""
+    from transformers import AutoConfig
+
+    from train.plan import PlanInputs, model_shape, plan_memory
+
+    shape = model_shape(AutoConfig.from_pretrained(model))
+    inputs = PlanInputs(
+        world_size=ranks,
+        sharding="none" if mode == "none" else "full",
+        precision="fp32",
+        tokens_per_microbatch=pack_size,
+        activation_checkpointing=mode == "full+ac",
+        cpu_offload=mode == "offload",
+        vision_patches=patches,
+    )
+    plan = plan_memory(shape, inputs)
+    state = plan.parameters + plan.gradients + plan.optimizer + plan.host
+    if mode != "none":  # the transient unit gradient is not held after the step
+        state -= (4 + 4) * shape.unit_params
+    return state, plan.total + plan.host
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--pack-size", type=int, default=2048)
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args()
+    if args.worker is not None:
+        worker(args.worker, [a for a in rest if a != "--"])
+        return
+    memory = psutil.virtual_memory().total / GIB
+    versions = f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}"
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {memory:.0f} GiB, {versions}")
+    flags = supported_flags()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        inputs = prepare(work, args.pack_size)
+        single: int | None = None
+        print(f"{'ranks':>5} {'mode':<8} {'state GiB':>10} {'vs 1-rank/R':>11} {'plan state':>10} "
+              f"{'peak GiB':>9} {'plan GiB':>9} {'plan/peak':>9}")  # fmt: skip
+        for ranks in args.ranks:
+            for mode in args.modes:
+                missing = [f for f in MODES[mode] if f.startswith("--") and f not in flags]
+                if missing:
+                    print(f"{ranks:>5} {mode:<8} not available on this branch (train hf has no {', '.join(missing)})")
+                    continue
+                measured = measure(ranks, mode, inputs, work, args.steps)
+                state = max(m.state_bytes for m in measured)
+                peak = max(m.peak_rise_bytes for m in measured)
+                patches = max(m.vision_patches for m in measured)
+                plan_state, plan_total = plan_for(ranks, mode, inputs[1], args.pack_size, patches)
+                if ranks == 1 and mode == "none":
+                    single = state
+                ideal = f"{state / (single / ranks):11.3f}" if single else f"{'-':>11}"
+                print(f"{ranks:>5} {mode:<8} {state / GIB:10.3f} {ideal} {plan_state / GIB:10.3f} "
+                      f"{peak / GIB:9.3f} {plan_total / GIB:9.3f} {plan_total / peak:9.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
