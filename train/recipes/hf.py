@@ -45,12 +45,14 @@ from train.checkpoint import (
 )
 from train.chunked_loss import chunked_token_loss_sum
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
+from train.evaluate import Evaluator, eval_loader_config, validate_eval_config
 from train.loader import Sampling, loader_state, make_loader, rank_loader_config, validate_loader_config
 from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
 from train.recipes.options import PATH, shared_options
+from train.report import REPORTERS, eval_scalars, open_reporters, step_scalars
 from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
 
 log = logging.getLogger(__name__)
@@ -81,11 +83,15 @@ class HFTrainConfig:
     sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
     pixels: PixelWire = "uint8"  # image pixels from the loader workers (train.pixels); "float32" as processed
     shuffle_buffer_size: int = 100  # with sampling "buffer"
+    eval_every: int = 0  # validation loss every N steps and after the last (train.evaluate); 0: never
+    report_to: tuple[str, ...] = ()  # "tensorboard", "wandb" (train.report); metrics.jsonl is always written
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
         # pixels: bit-equal inputs either way, so a run may resume with the other wire
-        return config_fingerprint(self, skip=("resume", "save_every", "max_steps", "stop_after", "pixels"))
+        # eval / report: evaluation restores the RNG, so neither changes a step
+        skip = ("resume", "save_every", "max_steps", "stop_after", "pixels", "eval_every", "report_to")
+        return config_fingerprint(self, skip=skip)
 
 
 def _default(name: str) -> Any:
@@ -124,6 +130,22 @@ def _default(name: str) -> Any:
     help="Checkpoint and exit after this step (e.g. a job's time slot); --resume continues the same schedule.",
 )
 @click.option("--resume", is_flag=True, help="Continue from OUT's latest checkpoint, exactly.")
+@click.option(
+    "--eval-every",
+    type=click.IntRange(min=0),
+    default=_default("eval_every"),
+    show_default=True,
+    help="Token-weighted loss on the 'val' split (every pack once across ranks) every N steps and after the "
+    "last; written to OUT/eval.jsonl and logged (0: never).",
+)
+@click.option(
+    "--report-to",
+    type=click.Choice(REPORTERS),
+    multiple=True,
+    default=_default("report_to"),
+    help="Also send step metrics, eval loss, LR and memory to tensorboard (OUT/tensorboard) or wandb "
+    "(WANDB_MODE=offline works without network). Repeatable.",
+)
 @click.option("--device", default=_default("device"), show_default=True, help="auto, cpu or cuda.")
 def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
@@ -133,6 +155,7 @@ def hf_command(**options: Any) -> None:
         --processor ./example-data/processor --output ./example-out/run --max-steps 30
     torchrun --nproc_per_node 2 -m train.cli hf ...   # one process per device
     """
+    options["report_to"] = tuple(options["report_to"])
     history = run(HFTrainConfig(**options))
     if history and int(os.environ.get("RANK", "0")) == 0:
         last = history[-1]
@@ -201,6 +224,12 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         config.max_steps,
     )
     batches = iter(loader)
+    evaluator = None
+    if config.eval_every:
+        eval_config = eval_loader_config(loader_config)
+        validate_eval_config(eval_config)
+        evaluator = Evaluator(eval_config, config.eval_every, config.output, ctx, resumed_at=start)
+    reporter = open_reporters(config.report_to, config.output, config.fingerprint(), ctx.is_main, resumed=start > 0)
     history = []
     progress = tqdm(total=config.max_steps, initial=start, disable=not ctx.is_main, desc="train", unit="step")
     last = min(config.max_steps, config.stop_after or config.max_steps)
@@ -213,6 +242,13 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             writer.write(metrics)
             progress.set_postfix(loss=f"{metrics.loss:.4f}", tok_s=f"{metrics.tokens_per_s:,.0f}")
             log.info(metrics.log_line(config.max_steps))
+        reported = step_scalars(metrics, ctx.device)
+        if evaluator is not None and evaluator.due(step, last):
+            result = evaluator.run(model, step, _autocast)
+            reported |= eval_scalars(result)
+            if ctx.is_main:
+                log.info("%s (train loss %.4f)", result.log_line(config.max_steps), metrics.loss)
+        reporter.log(step, reported)
         if step == last or (config.save_every and step % config.save_every == 0):
             state = TrainerState(step=step, optimizer=optimizer.state_dict(), rng=rng_state())
             path = save_checkpoint(
@@ -225,6 +261,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             )
             log.info("checkpoint %s", path)
     progress.close()
+    reporter.close()
     return history
 
 
