@@ -24,14 +24,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-import lmdb
 from PIL import Image, UnidentifiedImageError
 
 from schemas.dataset_config import ConfigError
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
+
+if TYPE_CHECKING:
+    import lmdb
 
 EXIF_ORIENTATION_TAG = 0x0112
 SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
@@ -93,6 +95,8 @@ class LmdbPool:
         if env is None:
             if not Path(ref.path).exists():
                 raise MediaError(Reason.MISSING_MEDIA, f"LMDB {ref.path!r} does not exist")
+            import lmdb  # only LMDB media need it (the GPU machine's image has no lmdb)
+
             env = lmdb.open(ref.path, readonly=True, lock=False, readahead=False, subdir=Path(ref.path).is_dir())
             self._envs[ref.path] = env
         with env.begin(buffers=False) as txn:
