@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -103,9 +104,8 @@ class WandbReporter:
                 f"--report-to wandb needs the wandb package ({exc}): pip install wandb"
             ) from exc
         id_file = output / WANDB_ID_FILE
-        run_id = (
-            id_file.read_text(encoding="utf-8").strip() if resumed and id_file.is_file() else wandb.util.generate_id()
-        )
+        resume = resumed and id_file.is_file()
+        run_id = id_file.read_text(encoding="utf-8").strip() if resume else uuid.uuid4().hex[:8]
         id_file.write_text(run_id, encoding="utf-8")
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", WANDB_DEFAULT_PROJECT),
