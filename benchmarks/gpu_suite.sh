@@ -99,7 +99,8 @@ HELP=$("$PY" -m train.cli hf --help 2>/dev/null || true)
 HF_FLAGS=()
 if grep -q -- "--sharding" <<<"$HELP"; then HF_FLAGS+=(--sharding full); fi
 if grep -q -- "--activation-checkpointing" <<<"$HELP"; then HF_FLAGS+=(--activation-checkpointing); fi
-if [ -z "${SKIP_TRAIN_HF:-}" ] && [ -n "$HELP" ] && "$PY" -c "import megatron.energon, prep.pack.core" 2>/dev/null; then
+HAS_CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+if [ -z "${SKIP_TRAIN_HF:-}" ] && [ "$HAS_CUDA" = 1 ] && [ -n "$HELP" ] && "$PY" -c "import megatron.energon, prep.pack.core" 2>/dev/null; then
   part train_hf_data 90 bash -c "
     set -e
     $PY -m prep.cli example $WORK/ex --family qwen2_5_vl --num-samples ${HF_SAMPLES:-600} --no-bad-rows
@@ -117,7 +118,7 @@ if [ -z "${SKIP_TRAIN_HF:-}" ] && [ -n "$HELP" ] && "$PY" -c "import megatron.en
   cp "$WORK/run/metrics.jsonl" "$OUT/train_hf_metrics.jsonl" 2>/dev/null
   cp "$WORK/run/eval.jsonl" "$OUT/train_hf_eval.jsonl" 2>/dev/null
 else
-  echo -e "train_hf\tskipped\tSKIP_TRAIN_HF set, or the prep stack / megatron-energon do not import here (env.txt)" >> "$STATUS"
+  echo -e "train_hf\tskipped\tSKIP_TRAIN_HF set, no CUDA, or train hf / megatron-energon do not import here (env.txt)" >> "$STATUS"
 fi
 
 # 5. the memory plan for the same shape, when `train hf --plan` exists

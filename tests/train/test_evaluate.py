@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -222,15 +223,16 @@ def test_report_to_tensorboard_writes_step_eval_lr_and_memory_scalars(eval_input
     assert [s for s, _ in scalars["memory/peak_gib"]] == [1, 2, 3] and all(v > 0 for _, v in scalars["memory/peak_gib"])
 
 
-def wandb_history(path: Path) -> dict[int, dict[str, float]]:
-    """step -> logged values, read from an offline run's ``.wandb`` file: W&B's 7-byte header, then
-    LevelDB log records (32 KiB blocks, 7-byte record headers; FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4)
-    holding ``wandb_internal_pb2.Record`` protos. Read here, not by wandb's own code."""
+def wandb_history(path: Path) -> tuple[dict[int, dict[str, float]], bool]:
+    """step -> logged values, read from an offline run's ``.wandb`` file, and whether its exit record
+    is there: W&B's 7-byte header, then LevelDB log records (32 KiB blocks, 7-byte record headers;
+    FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4) holding ``wandb_internal_pb2.Record`` protos. Read here,
+    not by wandb's own code."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
-    data, block, position, pending, history = path.read_bytes(), 32768, 7, b"", {}
+    data, block, position, pending, history, done = path.read_bytes(), 32768, 7, b"", {}, False
     assert data[:4] == b":W&B"
     while position + 7 <= len(data):
         room = block - position % block
@@ -243,12 +245,13 @@ def wandb_history(path: Path) -> dict[int, dict[str, float]]:
         if kind in (1, 4):
             record = wandb_internal_pb2.Record.FromString(pending)
             pending = b""
+            done = done or record.WhichOneof("record_type") == "exit"
             if record.WhichOneof("record_type") == "history":
                 items = {
                     (i.nested_key[0] if i.nested_key else i.key): json.loads(i.value_json) for i in record.history.item
                 }
                 history[int(items["_step"])] = items
-    return history
+    return history, done
 
 
 def test_report_to_wandb_offline_needs_no_network(eval_inputs, tmp_path, monkeypatch):
@@ -260,7 +263,11 @@ def test_report_to_wandb_offline_needs_no_network(eval_inputs, tmp_path, monkeyp
     run_id = (tmp_path / "wb" / "wandb-run-id").read_text()
     files = list((tmp_path / "wb" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(files) == 1
-    history = wandb_history(files[0])
+    deadline = time.monotonic() + 60
+    history, done = wandb_history(files[0])
+    while not done and time.monotonic() < deadline:  # finish() returns before wandb-core has written it all
+        time.sleep(0.5)
+        history, done = wandb_history(files[0])
     assert sorted(history) == [1, 2, 3]
     for m in metrics:
         row = history[m["step"]]
