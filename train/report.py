@@ -129,6 +129,11 @@ class Reporters:
     def __init__(self, reporters: list[Reporter]) -> None:
         self.reporters = reporters
 
+    @property
+    def active(self) -> bool:
+        """Whether anything is reported (scalars, and the CUDA peak-memory reset, only then)."""
+        return bool(self.reporters)
+
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         for reporter in self.reporters:
             reporter.log(step, scalars)

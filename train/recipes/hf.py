@@ -182,6 +182,9 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     # the model's config gives the rope rule; weights are never read by the loader
     loader_config = rank_loader_config(config, model=str(config.model), rank=ctx.rank, world_size=ctx.world_size)
     info = validate_loader_config(loader_config)  # fail fast, before a model is built
+    eval_config = eval_loader_config(loader_config) if config.eval_every else None
+    if eval_config is not None:
+        validate_eval_config(eval_config)
     checkpoint = claim_run_dir(
         config.output, fingerprint=config.fingerprint(), command="train hf", resume=config.resume, ctx=ctx
     )
@@ -225,9 +228,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     )
     batches = iter(loader)
     evaluator = None
-    if config.eval_every:
-        eval_config = eval_loader_config(loader_config)
-        validate_eval_config(eval_config)
+    if eval_config is not None:
         evaluator = Evaluator(eval_config, config.eval_every, config.output, ctx, resumed_at=start)
     reporter = open_reporters(config.report_to, config.output, config.fingerprint(), ctx.is_main, resumed=start > 0)
     history = []
@@ -242,7 +243,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             writer.write(metrics)
             progress.set_postfix(loss=f"{metrics.loss:.4f}", tok_s=f"{metrics.tokens_per_s:,.0f}")
             log.info(metrics.log_line(config.max_steps))
-        reported = step_scalars(metrics, ctx.device)
+        reported = step_scalars(metrics, ctx.device) if reporter.active else {}
         if evaluator is not None and evaluator.due(step, last):
             result = evaluator.run(model, step, _autocast)
             reported |= eval_scalars(result)
