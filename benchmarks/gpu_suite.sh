@@ -10,6 +10,8 @@
 #
 #   env.txt, env.json          machine, versions, which optional packages import
 #   pytest-gpu.txt, .xml       every test marked gpu (pytest -m gpu)
+#   gpu_check.txt              Qwen2/2.5/3-VL packed rows == each sample alone on CUDA (benchmarks/gpu_check.py),
+#                              from $GPU_CHECK_DATA (default .gpucheck) when present
 #   bench_train_real.{json,md} Qwen2.5-VL-3B config, random init, 8192-token packs: packed vs padded,
 #                              tokens/s, MFU, peak memory (benchmarks/bench_train_real.py)
 #   train_hf.{json,txt}        `train hf` itself at that size on `prep example` data (when the prep
@@ -87,8 +89,27 @@ EOF
 # 2. every gpu-marked test (only the files that hold one: a missing optional package elsewhere
 #    cannot stop the collection)
 mapfile -t GPU_FILES < <(grep -rlE "pytest\.mark\.gpu|mark\.gpu" tests --include='test_*.py' | sort)
-part pytest-gpu "${PYTEST_LIMIT:-170}" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider --continue-on-collection-errors \
+part pytest-gpu "${PYTEST_LIMIT:-150}" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider --continue-on-collection-errors \
   --junitxml="$OUT/pytest-gpu.xml" "${GPU_FILES[@]}"
+
+# 2b. packed == each sample alone on this GPU for the Qwen-VL families (benchmarks/gpu_check.py); its inputs are
+#     made where Megatron-Energon imports: `python benchmarks/gpu_check.py prepare --out .gpucheck` (17 MB),
+#     carried to the GPU machine as an ignored folder
+GPU_CHECK_DATA=${GPU_CHECK_DATA:-.gpucheck}
+HAS_CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+if [ "$HAS_CUDA" != 1 ]; then
+  echo -e "gpu_check\tskipped\tno CUDA device" >> "$STATUS"
+elif [ ! -d "$GPU_CHECK_DATA" ] && "$PY" -c "import megatron.energon" 2>/dev/null; then
+  part gpu_check_prepare 90 "$PY" benchmarks/gpu_check.py prepare --out "$WORK/gpucheck"
+  GPU_CHECK_DATA=$WORK/gpucheck
+fi
+if [ "$HAS_CUDA" != 1 ]; then
+  :
+elif [ -d "$GPU_CHECK_DATA" ]; then
+  part gpu_check "${GPU_CHECK_LIMIT:-90}" "$PY" benchmarks/gpu_check.py run --data "$GPU_CHECK_DATA"
+else
+  echo -e "gpu_check\tskipped\tno $GPU_CHECK_DATA (prepare it where megatron-energon imports and carry it)" >> "$STATUS"
+fi
 
 # 3. real-size shape, Python benchmark (no loader): packed vs padded, MFU, peak memory
 part bench_train_real "${BENCH_LIMIT:-200}" "$PY" benchmarks/bench_train_real.py --config "$CONFIG" --pack-size 8192 \
@@ -99,7 +120,6 @@ HELP=$("$PY" -m train.cli hf --help 2>/dev/null || true)
 HF_FLAGS=()
 if grep -q -- "--sharding" <<<"$HELP"; then HF_FLAGS+=(--sharding full); fi
 if grep -q -- "--activation-checkpointing" <<<"$HELP"; then HF_FLAGS+=(--activation-checkpointing); fi
-HAS_CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 if [ -z "${SKIP_TRAIN_HF:-}" ] && [ "$HAS_CUDA" = 1 ] && [ -n "$HELP" ] && "$PY" -c "import megatron.energon, prep.pack.core" 2>/dev/null; then
   part train_hf_data 90 bash -c "
     set -e
@@ -143,6 +163,11 @@ if (out / "env.json").is_file():
     summary["env"] = env
     lines += ["", f"GPU {env.get('gpu')}, torch {env.get('torch')} (CUDA {env.get('cuda')}), transformers "
               f"{env.get('transformers')}; packed attention: {env.get('packed_attention')}"]
+check = out / "gpu_check.txt"
+if check.is_file():
+    verdict = [ln for ln in check.read_text().splitlines() if ln.startswith("result:")]
+    summary["gpu_check"] = verdict[-1] if verdict else "no result line"
+    lines += ["", f"gpu_check (packed == alone, Qwen-VL families): {summary['gpu_check']}"]
 tests = out / "pytest-gpu.txt"
 if tests.is_file():
     tail = [ln for ln in tests.read_text().splitlines()
