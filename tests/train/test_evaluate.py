@@ -176,22 +176,39 @@ def _train(inputs: dict[str, Path], out: Path, *extra: str) -> list[dict]:
     return read_metrics(out / METRICS_FILE)
 
 
-def test_train_hf_eval_every_logs_the_checkpoints_val_loss_and_keeps_the_trajectory(eval_inputs, tmp_path):
+def has_tensorboard() -> bool:
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def eval_run(eval_inputs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """One `train hf --eval-every 2` run of 3 steps (reporting to tensorboard where it is installed)."""
+    out = tmp_path_factory.mktemp("eval_run") / "run"
+    report = ("--report-to", "tensorboard") if has_tensorboard() else ()
+    return out, _train(eval_inputs, out, "--eval-every", "2", *report)
+
+
+def test_train_hf_eval_every_logs_the_checkpoints_val_loss_and_keeps_the_trajectory(eval_inputs, eval_run, tmp_path):
     from transformers import AutoModelForImageTextToText
 
+    out, evaluated = eval_run
     plain = _train(eval_inputs, tmp_path / "plain")
-    evaluated = _train(eval_inputs, tmp_path / "eval", "--eval-every", "2")
     assert [(m["loss"], m["grad_norm"], m["pack_keys"]) for m in evaluated] == [
         (m["loss"], m["grad_norm"], m["pack_keys"]) for m in plain
     ]  # evaluation changes no step
-    rows = read_eval(tmp_path / "eval" / EVAL_FILE)
+    rows = read_eval(out / EVAL_FILE)
     assert [r["step"] for r in rows] == [2, 3]  # every 2 steps and after the last
-    checkpoint = tmp_path / "eval" / "checkpoints" / "step-00000003"
-    model = AutoModelForImageTextToText.from_pretrained(checkpoint, attn_implementation="packvlm_varlen")
+    model = AutoModelForImageTextToText.from_pretrained(
+        out / "checkpoints" / "step-00000003", attn_implementation="packvlm_varlen"
+    )
     loss, tokens, keys, _ = truth(model, eval_inputs)
     assert (rows[-1]["num_label_tokens"], rows[-1]["num_packs"]) == (tokens, len(keys))
     assert rows[-1]["loss"] == pytest.approx(loss, rel=REL)
-    log = (tmp_path / "eval" / "train.log").read_text()
+    log = (out / "train.log").read_text()
     assert "step 3/3 eval_loss" in log and "(train loss" in log
 
 
@@ -208,17 +225,18 @@ def test_eval_every_without_a_val_split_says_what_to_run(eval_inputs, tmp_path):
     assert result.exit_code == 2 and "--split-ratio 0.9,0.1,0" in result.output
 
 
-def test_report_to_tensorboard_writes_step_eval_lr_and_memory_scalars(eval_inputs, tmp_path):
-    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard)")
+def test_report_to_tensorboard_writes_step_eval_lr_and_memory_scalars(eval_run):
+    if not has_tensorboard():
+        pytest.skip("tensorboard is not installed (pip install tensorboard)")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    metrics = _train(eval_inputs, tmp_path / "tb", "--eval-every", "2", "--report-to", "tensorboard")
-    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    out, metrics = eval_run
+    events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     assert scalars["train/loss"] == [(m["step"], pytest.approx(m["loss"], rel=1e-6)) for m in metrics]
     assert scalars["train/lr"] == [(m["step"], pytest.approx(m["lr"], rel=1e-6)) for m in metrics]
-    rows = read_eval(tmp_path / "tb" / EVAL_FILE)
+    rows = read_eval(out / EVAL_FILE)
     assert scalars["eval/loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in rows]
     assert [s for s, _ in scalars["memory/peak_gib"]] == [1, 2, 3] and all(v > 0 for _, v in scalars["memory/peak_gib"])
 
