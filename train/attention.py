@@ -13,8 +13,12 @@ depends on transformers guessing them from ``position_ids``. Which kernel consum
                                    sliding = (sliding_window - 1, 0) as transformers' flash path
                                    (``is_causal`` / repeated kv heads on torch builds whose kernel
                                    lacks ``window_size`` / ``enable_gqa``)
-        CPU, fp32, dropout > 0,    exact reference: SDPA per sample over the cu_seqlens slices
-        or no varlen kernel        (a slot longer than the window gets its L x L window mask;
+        CUDA, no varlen kernel     flex_attention with a document mask (`train.block_attention`'s
+        (torch < 2.13 builds)      rule without image blocks: same slot AND causal [AND window]),
+                                   one BlockMask per micro-batch built by `train.forward`: no
+                                   Python loop over samples, fully masked tiles skipped
+        CPU, fp32, dropout > 0     exact reference: SDPA per sample over the cu_seqlens slices
+                                   (a slot longer than the window gets its L x L window mask;
                                    one warning on CUDA: autocast to bf16 to get the kernel)
     with image blocks              Gemma 3's rule (`train.block_attention`): flex_attention with a
     (``packed_image_blocks``)      BlockMask per micro-batch on CUDA, per-slot masked SDPA on CPU
@@ -89,6 +93,21 @@ def select_attention(device: torch.device | str) -> str:
     if torch.device(device).type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return FLASH_ATTENTION
     return PACKED_ATTENTION
+
+
+def needs_document_mask(device: torch.device | str, implementation: str | None) -> bool:
+    """Whether packed rows on ``device`` go through flex_attention with a document mask.
+
+    True on CUDA for "packvlm_varlen" when torch has no varlen kernel (CUDA builds before
+    2.13) and flex_attention exists: a per-sample SDPA loop there would launch a kernel per
+    sample per layer. `train.forward.packed_inputs` then builds the mask once per micro-batch.
+    """
+    return (
+        torch.device(device).type == "cuda"
+        and implementation == PACKED_ATTENTION
+        and _varlen_kernel() is None
+        and flex_available()
+    )
 
 
 def _segments(cu: torch.Tensor, total: int, name: str) -> list[tuple[int, int]]:
@@ -250,7 +269,7 @@ def packed_attention_forward(
         raise PackedAttentionError(f"packed attention needs batch 1 and equal q/k lengths, got {tuple(query.shape)}")
     if cu_seq_lens_k is not None and cu_seq_lens_k is not cu and not torch.equal(cu_seq_lens_k.cpu(), cu.cpu()):
         raise PackedAttentionError("cu_seq_lens_k differs from cu_seq_lens_q; packed self-attention needs one layout")
-    if rule is not None:
+    if rule is not None and _applies_rule(rule, causal, query):
         return _image_block_attention(query, key, value, rule, causal, sliding_window, scaling, dropout), None
     kernel_dtype = _kernel_dtype(query)
     out = None
@@ -265,6 +284,12 @@ def packed_attention_forward(
             query, key, value, segments, causal=causal, scaling=scaling, dropout=dropout, window=sliding_window
         )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _applies_rule(rule: ImageBlockRule, causal: bool, query: torch.Tensor) -> bool:
+    """Image blocks (Gemma 3) always; a plain document mask only on causal CUDA rows (flex), else
+    the per-sample reference below serves it."""
+    return bool(rule.spans) or (causal and query.is_cuda)
 
 
 def _image_block_attention(

@@ -8,7 +8,8 @@ The call is what FIELD-NOTES "Packed attention" says transformers 5.x needs, and
           max_length_q=max_length_k=max_seqlen,
           **batch.vision,                                   # the family's vision keywords
           mm_token_type_ids,                                # where the model accepts it
-          packed_image_blocks=ImageBlockRule(...))          # rows with image blocks (Gemma 3)
+          packed_image_blocks=ImageBlockRule(...))          # rows with image blocks (Gemma 3), or
+                                                            # CUDA without a varlen kernel: a document mask
 
 The boundaries are the *slots* (``cu_seqlens_padded``): a pad token sits at the end of its
 slot, attends only to its own sample (causally, so no real token sees it) and has label
@@ -18,6 +19,9 @@ and the text row of the positions. A row with bidirectional image blocks (``imag
 carries one `train.block_attention.ImageBlockRule` to every attention call; only
 "packvlm_varlen" reads it, so any other attention implementation is refused for such rows
 (transformers' own mask would need ``token_type_ids``, which is per sample, not per row).
+On CUDA builds of torch without a varlen kernel (before 2.13) every packed row carries a rule
+without blocks, a document mask for flex_attention (`train.attention.needs_document_mask`),
+built here once per micro-batch and shared by every layer.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import inspect
 import torch
 from torch import nn
 
-from train.attention import PACKED_ATTENTION, PackedAttentionError, prepare_model_for_packing
+from train.attention import PACKED_ATTENTION, PackedAttentionError, needs_document_mask, prepare_model_for_packing
 from train.batch import PackedBatch
 from train.block_attention import IMAGE_BLOCKS_KWARG, ImageBlockRule
 
@@ -76,13 +80,17 @@ def packed_inputs(model: nn.Module, batch: PackedBatch) -> dict[str, object]:
     inputs.update(vision)
     if "mm_token_type_ids" in accepted:
         inputs["mm_token_type_ids"] = batch.mm_token_type_ids
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if batch.image_blocks.numel():
-        implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
         if implementation != PACKED_ATTENTION:
             raise PackedAttentionError(
                 f"packs {batch.pack_keys} hold bidirectional image blocks, which only {PACKED_ATTENTION!r} applies; "
                 f"the model uses {implementation!r}"
             )
+        inputs[IMAGE_BLOCKS_KWARG] = ImageBlockRule.build(
+            batch.cu_seqlens_padded, batch.image_blocks.to(batch.input_ids.device), batch.num_tokens
+        )
+    elif needs_document_mask(batch.input_ids.device, implementation):
         inputs[IMAGE_BLOCKS_KWARG] = ImageBlockRule.build(
             batch.cu_seqlens_padded, batch.image_blocks.to(batch.input_ids.device), batch.num_tokens
         )

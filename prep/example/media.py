@@ -21,8 +21,6 @@ import logging
 from fractions import Fraction
 from pathlib import Path
 
-import av
-import lmdb
 import numpy as np
 from PIL import Image
 
@@ -148,6 +146,8 @@ def write_lmdb(path: Path, items: dict[str, bytes]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     total = sum(len(k.encode()) + len(v) for k, v in items.items())
     map_size = 1 << max(24, (4 * total + (1 << 20)).bit_length())
+    import lmdb  # imported where used: the GPU machine's image has neither lmdb nor av
+
     env = lmdb.open(str(path), map_size=map_size, subdir=True, lock=False, sync=True)
     try:
         with env.begin(write=True) as txn:
@@ -204,6 +204,8 @@ def write_video(
     base = _pixels(width, height, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     # bitexact: no random segment UID / date in Matroska, no version strings in headers.
+    import av
+
     with av.open(str(path), "w", format=container_format, options={"fflags": "+bitexact"}) as container:
         stream = container.add_stream(codec or default_codec, rate=rate)
         assert isinstance(stream, av.VideoStream)  # narrows the type: a video codec gives a video stream

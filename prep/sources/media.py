@@ -26,9 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-import lmdb
 from PIL import UnidentifiedImageError
 
 from packvlm.image_header import DECODE_LIMIT_PIXELS, ImageTooLarge, read_image_header
@@ -36,6 +35,8 @@ from schemas.dataset_config import ConfigError
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
 
+if TYPE_CHECKING:
+    import lmdb
 JPEG_END = b"\xff\xd9"
 PNG_END = b"IEND\xaeB`\x82"
 
@@ -93,6 +94,8 @@ class LmdbPool:
         if env is None:
             if not Path(ref.path).exists():
                 raise MediaError(Reason.MISSING_MEDIA, f"LMDB {ref.path!r} does not exist")
+            import lmdb  # only LMDB media need it (the GPU machine's image has no lmdb)
+
             env = lmdb.open(ref.path, readonly=True, lock=False, readahead=False, subdir=Path(ref.path).is_dir())
             self._envs[ref.path] = env
         with env.begin(buffers=False) as txn:

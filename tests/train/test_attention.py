@@ -114,6 +114,7 @@ def test_select_attention_on_cpu() -> None:
     assert select_attention(torch.device("cpu")) == PACKED_ATTENTION
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch's varlen kernel)")
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "fp32-under-bf16-autocast"])

@@ -44,6 +44,7 @@ from train.batch import PackedBatch
 from train.checkpoint import TrainerState, copy_processor_files, load_checkpoint, load_loader_state, save_checkpoint
 from train.chunked_loss import chunked_token_loss_sum
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
+from train.evaluate import Evaluator, eval_loader_config, validate_eval_config
 from train.export import export_checkpoint
 from train.loader import (
     Sampling,
@@ -62,6 +63,7 @@ from train.plan import render
 from train.recipes.options import PATH, shared_options
 from train.recipes.plan_options import plan_options, plan_run, pop_plan_request
 from train.recipes.trainable_options import trainable_options
+from train.report import REPORTERS, eval_scalars, open_reporters, step_scalars
 from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
 from train.trainable import Group, freeze, num_trainable, trainable_parameters
 
@@ -82,6 +84,8 @@ RESUME_MAY_CHANGE = (
     "grad_accum",
     "dist_timeout_s",
     "lora_export",
+    "eval_every",  # evaluation restores the RNG, so it changes no step
+    "report_to",
 )
 
 
@@ -121,6 +125,8 @@ class HFTrainConfig:
     lora_alpha: float | None = None  # None: 2 x lora_rank
     lora_targets: tuple[str, ...] = ()  # leaf names inside the language model; empty: all its decoder linears
     lora_export: LoraExport = "adapter"  # "merged": the end of the run also writes OUT/merged
+    eval_every: int = 0  # validation loss every N steps and after the last (train.evaluate); 0: never
+    report_to: tuple[str, ...] = ()  # "tensorboard", "wandb" (train.report); metrics.jsonl is always written
 
     def __post_init__(self) -> None:
         if self.lora_rank and self.freeze:
@@ -197,6 +203,22 @@ def _default(name: str) -> Any:
     show_default=True,
     help="When the run reaches --max-steps, write OUT/final: save_pretrained + processor files (`train export`).",
 )
+@click.option(
+    "--eval-every",
+    type=click.IntRange(min=0),
+    default=_default("eval_every"),
+    show_default=True,
+    help="Token-weighted loss on the 'val' split (every pack once across ranks) every N steps and after the "
+    "last; written to OUT/eval.jsonl and logged (0: never).",
+)
+@click.option(
+    "--report-to",
+    type=click.Choice(REPORTERS),
+    multiple=True,
+    default=_default("report_to"),
+    help="Also send step metrics, eval loss, LR and memory to tensorboard (OUT/tensorboard) or wandb "
+    "(WANDB_MODE=offline works without network). Repeatable.",
+)
 @click.option("--device", default=_default("device"), show_default=True, help="auto, cpu or cuda.")
 @click.option(
     "--dist-timeout-s",
@@ -216,6 +238,7 @@ def hf_command(**options: Any) -> None:
     torchrun --nproc_per_node 2 -m train.cli hf ...   # one process per device
     train hf ... --plan --plan-world-size 8 --gpu-memory 80GB   # memory per GPU, then exit
     """
+    options["report_to"] = tuple(options["report_to"])
     plan = pop_plan_request(options)
     config = HFTrainConfig(**options)
     if plan is not None:
@@ -247,6 +270,9 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     # the model's config gives the rope rule; weights are never read by the loader
     loader_config = rank_loader_config(config, model=str(config.model), rank=ctx.rank, world_size=ctx.world_size)
     info = validate_loader_config(loader_config)  # fail fast, before a model is built
+    eval_config = eval_loader_config(loader_config) if config.eval_every else None
+    if eval_config is not None:
+        validate_eval_config(eval_config)
     checkpoint = claim_run_dir(
         config.output,
         fingerprint=config.fingerprint(),
@@ -311,6 +337,10 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         config.max_steps,
     )
     batches: Iterator[PackedBatch] = iter(loader)
+    evaluator = None
+    if eval_config is not None:
+        evaluator = Evaluator(eval_config, config.eval_every, config.output, ctx, resumed_at=start)
+    reporter = open_reporters(config.report_to, config.output, config.fingerprint(), ctx.is_main, resumed=start > 0)
     history = []
     progress = tqdm(total=config.max_steps, initial=start, disable=not ctx.is_main, desc="train", unit="step")
     last = min(config.max_steps, config.stop_after or config.max_steps)
@@ -323,6 +353,13 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             writer.write(metrics)
             progress.set_postfix(loss=f"{metrics.loss:.4f}", tok_s=f"{metrics.tokens_per_s:,.0f}")
             log.info(metrics.log_line(config.max_steps))
+        reported = step_scalars(metrics, ctx.device) if reporter.active else {}
+        if evaluator is not None and evaluator.due(step, last):
+            result = evaluator.run(model, step, _autocast)
+            reported |= eval_scalars(result)
+            if ctx.is_main:
+                log.info("%s (train loss %.4f)", result.log_line(config.max_steps), metrics.loss)
+        reporter.log(step, reported)
         if step == last or (config.save_every and step % config.save_every == 0):
             position = global_position(loader)
             state = TrainerState(
@@ -348,6 +385,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         merged = export_merged(saved, config.output / "merged")
         copy_processor_files(config.processor, merged)
         log.info("merged model %s", merged)
+    reporter.close()
     return history
 
 
