@@ -47,6 +47,13 @@ part() {
   return 0
 }
 
+# 0. wheels the image lacks (benchmarks/gpu_wheels.sh writes .gpuwheels/; carry it): Energon's stack, LMDB, PyAV
+if compgen -G ".gpuwheels/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-deps --no-index --target "$WORK/site" .gpuwheels/*.whl > "$OUT/wheels.txt" 2>&1 \
+    && export PYTHONPATH=$PYTHONPATH:$WORK/site
+  echo -e "wheels\t$?\t.gpuwheels" >> "$STATUS"
+fi
+
 # 1. environment: versions, optional packages, the attention path packed rows take here
 part env 40 "$PY" - "$OUT" <<'EOF'
 import importlib, json, platform, shutil, subprocess, sys
@@ -143,8 +150,8 @@ fi
 
 # 5. the memory plan for the same shape, when `train hf --plan` exists
 if grep -q -- "--plan" <<<"$HELP"; then
-  part plan 40 "$PY" -m train.cli hf --plan --model "$CONFIG" --gpu-memory 80GB --pack-size 8192 \
-    --data . --processor . --output "$WORK/plan" --max-steps 1 "${HF_FLAGS[@]}"
+  part plan 40 "$PY" -m train.cli hf --plan --model "$CONFIG" --gpu-memory 80GB --plan-world-size 1 \
+    --data "$WORK/packed" --processor "$WORK/ex/processor" --output "$WORK/plan" --max-steps 1 "${HF_FLAGS[@]}"
 else
   echo -e "plan\tskipped\ttrain hf has no --plan in this tree" >> "$STATUS"
 fi
