@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
+from packvlm.console import configure_logging
 from prep.cli_errors import ErrorMappingGroup, debug_option
 from prep.energon.cli import energon_blend_command, energon_index_command
 from prep.errors.cli import errors_command
@@ -28,7 +27,7 @@ class PrepGroup(ErrorMappingGroup):
 @debug_option
 def main(verbose: bool, debug: bool) -> None:
     """packvlm offline data preparation."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(verbose)
 
 
 main.add_command(example_command)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
+from packvlm.console import configure_logging
 from prep.cli_errors import ErrorMappingGroup, debug_option
 from train.recipes.hf import hf_command
 from train.recipes.megatron import megatron_command
@@ -21,7 +20,10 @@ class TrainGroup(ErrorMappingGroup):
 @debug_option
 def main(verbose: bool, debug: bool) -> None:
     """packvlm training on `prep pack` shards: exact packed (THD / varlen) micro-batches."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(verbose)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # save_pretrained's shard bar would cut through the step bar
 
 
 main.add_command(hf_command)

@@ -159,16 +159,23 @@ def validate_loader_config(config: LoaderConfig) -> PackedDatasetInfo:
         min_packs=workers,
         cp_size=config.context_parallel_size,
     )
-    if config.sampling == "epoch" and info.num_packs % workers:
-        log.warning(
-            "%d packs over %d data-parallel workers (ranks x loader workers): %d workers hold one pack more, so "
-            "an epoch is exact per worker but not across them; a pack count divisible by %d makes it exact",
-            info.num_packs,
-            workers,
-            info.num_packs % workers,
-            workers,
-        )
+    if config.sampling == "epoch" and info.num_packs % workers and config.rank == 0:
+        log.info(uneven_epoch_note(info.num_packs, workers))
     return info
+
+
+def uneven_epoch_note(num_packs: int, workers: int) -> str:
+    """What an epoch means when ``workers`` (ranks x loader workers) do not divide ``num_packs``.
+
+    Informational, not a fault: each worker's range is read exactly once per its own epoch, and the
+    longer ranges hold one pack more, so packs of the shorter ranges come round a little more often.
+    """
+    low, extra = divmod(num_packs, workers)
+    return (
+        f"{num_packs} packs over {workers} data-parallel workers (ranks x loader workers): {extra} read {low + 1} "
+        f"packs per epoch and {workers - extra} read {low}, so the packs of the shorter ranges come round "
+        f"{(low + 1) / low:.2f}x as often over a long run; a pack count divisible by {workers} evens this out"
+    )
 
 
 def make_loader(config: LoaderConfig, *, state: bytes | None = None, validate: bool = True) -> SavableDataLoader:

@@ -21,13 +21,8 @@ from prep.stats.stage import DEFAULT_BINS
 )
 def stats_command(input_dir: str, output_dir: str | None, bins: int) -> None:
     """Token, error and pack statistics of a tokenized or packed directory, as JSON + HTML."""
-    from prep.stats.plots import StatsDependencyError
-    from prep.stats.read import StatsInputError
     from prep.stats.stage import StatsConfig, format_summary, run_stats
 
     config = StatsConfig(input_dir=input_dir, output_dir=output_dir, bins=bins)
-    try:
-        stats = run_stats(config)
-    except (StatsInputError, StatsDependencyError) as exc:
-        raise click.UsageError(str(exc)) from exc
+    stats = run_stats(config)  # StatsInputError exits 2, StatsDependencyError 3 (`prep.cli_errors`)
     click.echo(format_summary(stats, config.output_path()))

@@ -44,14 +44,15 @@ from train.checkpoint import (
     set_rng_state,
 )
 from train.chunked_loss import chunked_token_loss_sum
+from train.dataset import PackedDatasetInfo
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
-from train.loader import Sampling, loader_state, make_loader, rank_loader_config, validate_loader_config
+from train.loader import LoaderConfig, Sampling, loader_state, make_loader, rank_loader_config, validate_loader_config
 from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
 from train.models import load_model
 from train.recipes.options import PATH, shared_options
-from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
+from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file, released_on_failure
 
 log = logging.getLogger(__name__)
 
@@ -159,11 +160,23 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     # the model's config gives the rope rule; weights are never read by the loader
     loader_config = rank_loader_config(config, model=str(config.model), rank=ctx.rank, world_size=ctx.world_size)
     info = validate_loader_config(loader_config)  # fail fast, before a model is built
+    created = not config.output.exists()
     checkpoint = claim_run_dir(
         config.output, fingerprint=config.fingerprint(), command="train hf", resume=config.resume, ctx=ctx
     )
     if ctx.is_main:
         attach_log_file(config.output / LOG_FILE)
+    with released_on_failure(config.output, ctx, created=created):
+        return _fit(config, ctx, loader_config, info, checkpoint)
+
+
+def _fit(
+    config: HFTrainConfig,
+    ctx: DistContext,
+    loader_config: LoaderConfig,
+    info: PackedDatasetInfo,
+    checkpoint: Path | None,
+) -> list[StepMetrics]:
     attention = select_attention(ctx.device)
     model = load_model(
         checkpoint or config.model,
@@ -202,7 +215,10 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     )
     batches = iter(loader)
     history = []
-    progress = tqdm(total=config.max_steps, initial=start, disable=not ctx.is_main, desc="train", unit="step")
+    # a bar only on a terminal (disable=None): logs and CI output get the step lines alone
+    progress = tqdm(
+        total=config.max_steps, initial=start, disable=None if ctx.is_main else True, desc="train", unit="step"
+    )
     last = min(config.max_steps, config.stop_after or config.max_steps)
     for step in range(start + 1, last + 1):
         micro = [next(batches) for _ in range(config.grad_accum)]
