@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from packvlm.errors import ResourceError
+from packvlm.optional import MissingPackageError, missing_package_message
 from prep.stats.labels import FRACTIONS, PER_PACK_LABELS, format_number
 from prep.stats.records import Distribution, GroupStats, PackStats, Stats, is_log_binned
 
@@ -39,7 +39,7 @@ PACK_PLOTS = (
 )
 
 
-class StatsDependencyError(ResourceError, ImportError):
+class StatsDependencyError(MissingPackageError, ImportError):
     """matplotlib, needed for the report's plots, is not installed."""
 
 
@@ -57,7 +57,8 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:
-        raise StatsDependencyError("`prep stats` draws its plots with matplotlib: pip install matplotlib") from exc
+        message = missing_package_message("matplotlib", purpose="`prep stats` plots", install="pip install matplotlib")
+        raise StatsDependencyError(message) from exc
 
 
 def render_plots(stats: Stats, pack_size: int | None = None) -> list[Plot]:

@@ -130,7 +130,7 @@ def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
 
     \b
-    train hf --data ./example-out/packed --model ./example-data/model \\
+    train hf --data ./example-out/packed-images --model ./example-data/model \\
         --processor ./example-data/processor --output ./example-out/run --max-steps 30
     torchrun --nproc_per_node 2 -m train.cli hf ...   # one process per device
     """
