@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
+from packvlm.console import configure_logging
 from packvlm.secrets import install_log_redaction
 from prep.cli_errors import ErrorMappingGroup, debug_option
 from prep.energon.cli import energon_blend_command, energon_index_command
@@ -29,7 +28,7 @@ class PrepGroup(ErrorMappingGroup):
 @debug_option
 def main(verbose: bool, debug: bool) -> None:
     """packvlm offline data preparation."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(verbose)
     install_log_redaction()  # credentials never reach a log line (packvlm.secrets)
 
 

@@ -1,8 +1,14 @@
 """A click group that ends every command with one exit code per kind of failure (`packvlm.errors`).
 
-The group catches the four bases, never the stages' classes one by one: `UsageError` exits 2
-with click's usage banner; `DataBudgetError` (1), `ResourceError` (3) and `InternalError` (4)
-print ``error: ...``. Errors that are not ours are sorted once here: an ``OSError`` or a
+Every failure is one line, ``error: <what happened and what to fix>``, and one exit code. The
+group catches the four bases, never the stages' classes one by one: `UsageError` (2),
+`DataBudgetError` (1), `ResourceError` (3) and `InternalError` (4). click's own usage errors (a
+missing or unknown option, a bad value) are printed the same way, exit 2, with the command whose
+``--help`` lists the options, instead of click's three-line ``Usage: ... Error: ...`` banner. An
+error raised in a DataLoader worker arrives wrapped in torch's "Caught X in DataLoader worker"
+text with the worker's traceback: its own message is what is printed (`one_line`).
+
+Errors that are not ours are sorted once here: an ``OSError`` or a
 ``MemoryError`` is the environment (3; a full disk is named as such: the run resumes once space
 is freed), anything else is a bug (4, one line; the traceback only with ``--debug``). Ctrl-C
 ends in one line, ``interrupted`` plus the group's `interrupt_hint`, with exit 130 (click
@@ -13,11 +19,11 @@ from __future__ import annotations
 
 import errno
 import sys
-from typing import ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import click
 
-from packvlm.errors import ExitCode, PackvlmError, UsageError
+from packvlm.errors import ExitCode, PackvlmError
 from packvlm.secrets import redact
 
 
@@ -30,12 +36,10 @@ class ErrorMappingGroup(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except UsageError as exc:
-            raise click.UsageError(redact(str(exc))) from exc
         except PackvlmError as exc:
             if exc.exit_code == ExitCode.INTERNAL and ctx.params.get("debug"):
                 raise
-            _fail(str(exc), exc.exit_code)
+            _fail(one_line(str(exc)), exc.exit_code)
         except KeyboardInterrupt:  # one line, exit 130 (128 + SIGINT); click would print "Aborted!"
             hint = f"; {self.interrupt_hint}" if self.interrupt_hint else ""
             newline = "\n" if sys.stderr.isatty() else ""  # past a progress bar's half-drawn line
@@ -60,8 +64,48 @@ class ErrorMappingGroup(click.Group):
                 ExitCode.INTERNAL,
             )
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """click's entry point; its usage errors become one ``error:`` line (exit 2) like ours."""
+        if not kwargs.get("standalone_mode", True):
+            return super().main(*args, **kwargs)
+        try:
+            return super().main(*args, **{**kwargs, "standalone_mode": False})
+        except click.exceptions.NoArgsIsHelpError as exc:  # `prep` alone: the help, as click prints it
+            click.echo(exc.format_message(), err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            _fail(_click_message(exc), exc.exit_code)
+        except click.Abort:  # Ctrl-C while click itself was prompting or parsing
+            hint = f"; {self.interrupt_hint}" if self.interrupt_hint else ""
+            click.echo(f"interrupted{hint}", err=True)
+            sys.exit(ExitCode.INTERRUPTED)
 
-def _fail(message: str, code: ExitCode) -> NoReturn:
+
+def _click_message(exc: click.ClickException) -> str:
+    """click's message on one line, lower-cased first word, with where to look up the options."""
+    message = one_line(exc.format_message()).rstrip(".")
+    if message[:1].isupper() and message[1:2].islower():
+        message = message[0].lower() + message[1:]
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        message += f" (`{ctx.command_path} --help` lists the options)"
+    return message
+
+
+_WORKER_WRAP = "in DataLoader worker process"
+
+
+def one_line(message: str) -> str:
+    """A message as one line: a DataLoader worker's wrapped error reduced to its own message."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if lines and lines[0].startswith("Caught ") and _WORKER_WRAP in lines[0]:
+        last = lines[-1]  # "module.Class: message", the traceback's last line
+        head, sep, rest = last.partition(": ")
+        lines = [rest if sep and " " not in head else last]
+    return " ".join(lines)
+
+
+def _fail(message: str, code: int) -> NoReturn:
     click.echo(f"error: {redact(message)}", err=True)
     sys.exit(code)
 

@@ -1,7 +1,7 @@
-"""The README's format reference, generated from the declarations in `schemas/`.
+"""The format reference of ``docs/formats.md``, generated from the declarations in `schemas/`.
 
-``python -m schemas.docs`` rewrites the block between the markers in README.md; a test
-fails when README and schemas drift. Arrow tables list their columns and types; manifests
+``python -m schemas.docs`` rewrites the block between the markers in docs/formats.md; a test
+fails when that page and schemas drift. Arrow tables list their columns and types; manifests
 list their fields and types, nested dataclasses flattened with dots.
 """
 
@@ -114,16 +114,16 @@ def render_formats() -> str:
 
 
 def readme_block(text: str) -> str:
-    """The generated block as it stands in README text ('' when the markers are missing)."""
+    """The generated block as it stands in a page's text ('' when the markers are missing)."""
     if BEGIN not in text or END not in text:
         return ""
     return text[text.index(BEGIN) : text.index(END) + len(END)]
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+FORMATS_DOC = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
 
 
-def main(readme: Path = README) -> None:
+def main(readme: Path = FORMATS_DOC) -> None:
     text = readme.read_text(encoding="utf-8")
     block = readme_block(text)
     if not block:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
+from packvlm.console import configure_logging
 from packvlm.secrets import install_log_redaction
 from prep.cli_errors import ErrorMappingGroup, debug_option
 from train.export import export_command
@@ -23,8 +22,11 @@ class TrainGroup(ErrorMappingGroup):
 @debug_option
 def main(verbose: bool, debug: bool) -> None:
     """packvlm training on `prep pack` shards: exact packed (THD / varlen) micro-batches."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(verbose)
     install_log_redaction()  # credentials never reach a log line (packvlm.secrets)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # save_pretrained's shard bar would cut through the step bar
 
 
 main.add_command(hf_command)

@@ -50,7 +50,8 @@ from train.identity import (
     load_model_config,
     load_processor_once,
 )
-from train.media import MediaProcessor, PackEncodeError
+from train.media import MediaProcessor, PackEncodeError, video_package_missing
+from train.preflight import first_video
 
 INFO_JSON = ".info.json"
 SPLIT_YAML = "split.yaml"
@@ -163,6 +164,17 @@ def _check_identity(
         raise TrainConfigError(str(exc)) from exc
 
 
+def _check_video_support(root: Path, processor: str, shard_packs: dict[str, int], parts: list[str]) -> None:
+    """Stop before training when the split holds a video the family's video processor needs a missing package for."""
+    layout = MediaProcessor.from_bundle(_load_processor(processor), "float32").layout
+    package = getattr(layout, "missing_video_package", None)
+    if package is None:
+        return
+    where = first_video(root, shard_packs=shard_packs, split_shards=parts)
+    if where is not None:
+        raise video_package_missing(f"--data {root} ({where})", package)
+
+
 def tokenized_processor_class(manifest: PackManifest) -> str | None:
     """The processor class the pack's inputs were tokenized with, as `prep pack` recorded it."""
     classes = {item.processor.class_name for item in manifest.inputs}
@@ -229,6 +241,8 @@ def open_packed_dataset(
         raise TrainConfigError(f"--data {root}: {cp_problem}")
     index = read_index(root)
     parts = index.splits.get(split) or []
+    if processor is not None:
+        _check_video_support(root, processor, index.shard_counts, parts)
     num_packs = sum(index.shard_counts.get(p, 0) for p in parts)
     if num_packs < max(1, min_packs):
         raise TrainConfigError(

@@ -157,8 +157,8 @@ def validate_loader_config(config: LoaderConfig) -> PackedDatasetInfo:
         min_packs=workers,
         cp_size=config.context_parallel_size,
     )
-    if config.sampling == "buffer" and info.num_packs % workers:
-        log.warning(
+    if config.sampling == "buffer" and info.num_packs % workers and config.rank == 0:
+        log.info(  # a fact about the epoch, not a fault to fix
             "%d packs over %d data-parallel workers (ranks x loader workers): with --sampling buffer %d workers hold "
             "one pack more, so their packs come round a little more often",
             info.num_packs,

@@ -42,6 +42,7 @@ from transformers.image_utils import load_image
 
 from packvlm.errors import DataBudgetError
 from packvlm.image_header import DECODE_LIMIT_PIXELS, ImageTooLarge, open_image_checked, pil_pixel_limit
+from packvlm.optional import MissingPackageError, missing_package_message
 from schemas.packed import PackedMediaItem
 from train.families.base import (
     DecodedVideo,
@@ -68,6 +69,20 @@ GridMismatchError = PlanMismatchError  # the name before every family was checke
 
 class VideoProcessorUnavailable(PackEncodeError):
     """A pack holds a video the family's layout cannot process (no video layout, or no torchvision)."""
+
+
+class VideoPackageMissing(MissingPackageError):
+    """A pack holds a video and the family's video processor needs a package not installed here."""
+
+
+#: the install line of torchvision, the package every HF video processor needs
+TORCHVISION_INSTALL = "pip install torchvision (the build matching your torch), or train on image/text-only data"
+
+
+def video_package_missing(where: str, package: str) -> VideoPackageMissing:
+    """The exit-3 error for a video that ``package`` (absent) would process, ``where`` naming it."""
+    message = missing_package_message(package, purpose="video packs", install=TORCHVISION_INSTALL)
+    return VideoPackageMissing(f"{where}: the pack holds a video; {message}")
 
 
 #: why a layout without ``no_video_reason`` cannot take a video
@@ -278,6 +293,9 @@ class MediaProcessor:
         videos = [m for m in items if m.meta.kind == "video"]
         origins = [MediaOrigin.of(pack_key, m, sample_ids) for m in (*images, *videos)]
         if videos and not self.layout.supports_video:
+            package = getattr(self.layout, "missing_video_package", None)
+            if package is not None:
+                raise video_package_missing(str(origins[len(images)]), package)
             reason = getattr(self.layout, "no_video_reason", NO_VIDEO_LAYOUT)
             raise VideoProcessorUnavailable(f"{origins[len(images)]}: the pack holds a video, but {reason}")
         decoded_images = [decode_image(m.data, o) for m, o in zip(images, origins)]

@@ -15,16 +15,17 @@ resumed run starts from `train.checkpoint.latest_checkpoint`. Layout: `schemas.t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from packvlm.errors import UsageError
 from prep.outputs import claim_output_dir
 from schemas.layout import RUN_FILE
-from schemas.train import CHECKPOINTS_DIR, METRICS_FILE
+from schemas.train import CHECKPOINTS_DIR, LOG_FILE, METRICS_FILE
 from train.checkpoint import CheckpointError, latest_checkpoint
 from train.distributed import DistContext, broadcast_from_main
 
@@ -118,3 +119,34 @@ def detach_log_file(path: Path) -> None:
         if isinstance(handler, logging.FileHandler) and handler.baseFilename == str(path.resolve()):
             root.removeHandler(handler)
             handler.close()
+
+
+@contextlib.contextmanager
+def released_on_failure(output: Path, ctx: DistContext, *, created: bool) -> Iterator[None]:
+    """Give ``output`` back when the run fails before it wrote a step: no half-claimed folder.
+
+    A run that ends (error, missing package, Ctrl-C) before its first metrics line or checkpoint
+    leaves nothing to resume, yet its ``_run.json`` and empty ``checkpoints/`` would make the same
+    command refuse the folder as "holds a training run". Removed then: those two, ``train.log``
+    and an empty metrics file, and ``output`` itself when this run ``created`` it and it is empty.
+    A run that wrote a step keeps everything (``--resume`` continues it).
+    """
+    try:
+        yield
+    except BaseException:
+        if ctx.is_main:
+            _release(output, created)
+        raise
+
+
+def _release(output: Path, created: bool) -> None:
+    metrics, checkpoints = output / METRICS_FILE, output / CHECKPOINTS_DIR
+    if (metrics.is_file() and metrics.stat().st_size) or (checkpoints.is_dir() and any(checkpoints.iterdir())):
+        return
+    for name in (RUN_FILE, LOG_FILE, METRICS_FILE):
+        (output / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        checkpoints.rmdir()
+        if created:
+            output.rmdir()  # only when empty: anything else there is not ours
+    log.debug("released %s: the run wrote no step", output)

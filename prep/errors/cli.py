@@ -7,7 +7,7 @@ import json
 import click
 
 from prep.errors.core import ErrorsReport, format_errors, format_oversize
-from prep.errors.stage import DEFAULT_LIMIT, ErrorsConfig, ErrorsQueryError, read_errors
+from prep.errors.stage import DEFAULT_LIMIT, ErrorsConfig, read_errors
 from schemas.codec import to_json
 from schemas.reasons import Reason
 
@@ -40,10 +40,7 @@ def errors_command(
         datasets=tuple(dict.fromkeys(datasets)),
         limit=limit,
     )
-    try:
-        report = read_errors(config)
-    except ErrorsQueryError as exc:
-        raise click.UsageError(str(exc)) from exc
+    report = read_errors(config)  # ErrorsQueryError exits 2 (`prep.cli_errors`)
     if as_json:
         click.echo(json.dumps(to_json(report), indent=2, ensure_ascii=False))
     elif isinstance(report, ErrorsReport):

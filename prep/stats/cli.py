@@ -19,15 +19,16 @@ from prep.stats.stage import DEFAULT_BINS
 @click.option(
     "--bins", type=click.IntRange(min=1), default=DEFAULT_BINS, show_default=True, help="Most bins per histogram."
 )
-def stats_command(input_dir: str, output_dir: str | None, bins: int) -> None:
+@click.option(
+    "--pack-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Mark this pack size on a tokenized dir's sample-length plot (a packed dir marks its own).",
+)
+def stats_command(input_dir: str, output_dir: str | None, bins: int, pack_size: int | None) -> None:
     """Token, error and pack statistics of a tokenized or packed directory, as JSON + HTML."""
-    from prep.stats.plots import StatsDependencyError
-    from prep.stats.read import StatsInputError
     from prep.stats.stage import StatsConfig, format_summary, run_stats
 
-    config = StatsConfig(input_dir=input_dir, output_dir=output_dir, bins=bins)
-    try:
-        stats = run_stats(config)
-    except (StatsInputError, StatsDependencyError) as exc:
-        raise click.UsageError(str(exc)) from exc
+    config = StatsConfig(input_dir=input_dir, output_dir=output_dir, bins=bins, pack_size=pack_size)
+    stats = run_stats(config)  # StatsInputError exits 2, StatsDependencyError 3 (`prep.cli_errors`)
     click.echo(format_summary(stats, config.output_path()))

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from prep.errors.core import ReasonGroup, examples_at, first_rows, group_reasons
 from prep.stats.packs import collect_packs
 from prep.stats.read import StatsInput, TokenizedTables
-from prep.stats.records import GroupStats, Stats, distribution, integer_edges
+from prep.stats.records import GroupStats, Stats, distribution, log_integer_edges
 
 LENGTH_COLUMNS = ("num_text_tokens", "num_media_tokens", "num_tokens")
 EXAMPLES_PER_REASON = 3  # error rows shown per reason in the report; `prep errors` shows more
@@ -61,7 +61,7 @@ def collect_tokenized(tables: TokenizedTables, bins: int) -> tuple[dict[str, Gro
     error_ds = _strings(errors.column("dataset"))
     reasons = _strings(errors.column("reason"))
     lengths = {c: samples.column(c).to_numpy() for c in LENGTH_COLUMNS}
-    edges = {c: integer_edges(v, bins) for c, v in lengths.items()}
+    edges = {c: log_integer_edges(v, bins) for c, v in lengths.items()}
     kinds, item_owner, items_per_sample = _media(samples.column("media"))
     names = sorted(set(sample_ds.tolist()) | set(error_ds.tolist()))
     everyone = np.ones(len(sample_ds), dtype=bool)

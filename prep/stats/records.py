@@ -4,9 +4,13 @@ Integer data get integer bin edges ``[lo, lo + w, ...]`` with ``w = ceil((max - 
 bins)``, so each bin holds whole token counts; when the top 1 % would stretch the range more
 than `OVERFLOW_STRETCH` times (one 15k-token sample among 500-token ones), ``bins - 1`` bins
 cover ``[min, p99]`` and one overflow bin holds the rest up to ``max``, so an outlier no longer
-squeezes every sample into the first bins. Fractions (pack fill) get ``bins`` equal bins
-over ``[0, 1]``. Percentiles are observed values (``inverted_cdf``: the smallest value with
-at least q% of the data at or below it). Example, lengths ``[3, 5, 5, 9]``, bins=3::
+squeezes every sample into the first bins. Token lengths, which span orders of magnitude,
+get `log_integer_edges` instead when ``max + 1 > OVERFLOW_STRETCH x (min + 1)``: integer edges
+spaced evenly on a log axis (0 gets its own bin ``[0, 1)``), which the report draws on a log
+axis, so a 15k-token sample and 50-token ones are all readable in one plot. Fractions (pack
+fill) get ``bins`` equal bins over ``[0, 1]``. Percentiles are observed values
+(``inverted_cdf``: the smallest value with at least q% of the data at or below it). Example,
+lengths ``[3, 5, 5, 9]``, bins=3::
 
     edges [3, 6, 9, 12]   counts [3, 0, 1]   p50=5  p90=9  p99=9  max=9  total=22
 """
@@ -204,6 +208,30 @@ def integer_edges(values: np.ndarray, bins: int) -> np.ndarray:
         regular = _equal_edges(lo, top, bins - 1)
         return np.append(regular, hi + 1)
     return _equal_edges(lo, hi, bins)
+
+
+def log_integer_edges(values: np.ndarray, bins: int) -> np.ndarray:
+    """At most ``bins`` integer bins of equal width on a log axis covering ``[min, max]``; a narrow
+    range (``max + 1 <= OVERFLOW_STRETCH x (min + 1)``) keeps `integer_edges`' equal bins.
+
+    Example: lengths 0..15,331 with bins=6 -> ``[0, 1, 7, 47, 325, 2231, 15332]`` (0 alone, then
+    each bin about 6.9x the last).
+    """
+    if values.size == 0:
+        return np.array([0, 1], dtype=np.int64)
+    lo, hi = int(values.min()), int(values.max())
+    if hi + 1 <= OVERFLOW_STRETCH * (lo + 1) or bins < 2:
+        return integer_edges(values, bins)
+    start, parts = max(lo, 1), bins - (lo == 0)
+    edges = np.unique(np.round(np.geomspace(start, hi + 1, parts + 1)).astype(np.int64))
+    return np.concatenate([[0], edges]) if lo == 0 else edges
+
+
+def is_log_binned(edges: tuple[Number, ...]) -> bool:
+    """Whether `log_integer_edges` chose log spacing (the plot then uses a log axis): bins of
+    unequal width before the last one (equal bins, with or without an overflow bin, are linear)."""
+    widths = {b - a for a, b in zip(edges[:-2], edges[1:-1])}
+    return len(widths) > 1 and edges[-1] > OVERFLOW_STRETCH * (edges[0] + 1)
 
 
 def _equal_edges(lo: int, hi: int, bins: int) -> np.ndarray:

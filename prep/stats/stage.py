@@ -44,11 +44,14 @@ class StatsConfig:
         input_dir: Output directory of `prep tokenize` or `prep pack`.
         output_dir: Where the report goes; None means ``input_dir/stats``.
         bins: Most bins per histogram.
+        pack_size: Tokens per pack to mark on the sample-length plot of a tokenized dir (a
+            packed dir marks its own); None: no marker.
     """
 
     input_dir: str
     output_dir: str | None = None
     bins: int = DEFAULT_BINS
+    pack_size: int | None = None
 
     def output_path(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path(self.input_dir) / STATS_DIR
@@ -60,7 +63,7 @@ def run_stats(config: StatsConfig) -> Stats:
         raise ValueError(f"bins must be >= 1, got {config.bins}")
     require_matplotlib()
     stats = collect_stats(read_input(config.input_dir), config.bins)
-    plots = render_plots(stats)
+    plots = render_plots(stats, pack_size=config.pack_size)
     out = config.output_path()
     out.mkdir(parents=True, exist_ok=True)
     title = f"packvlm stats: {Path(config.input_dir).resolve().name}"

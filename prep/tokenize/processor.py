@@ -75,18 +75,19 @@ NOTED_ENV = "PACKVLM_NOTED_NO_TORCHVISION"  # set once noted: processes started 
 
 @functools.cache
 def _warn_no_torchvision_once(path: str) -> None:
-    """One whole note per processor and run (transformers' own message is long and was cut).
+    """One debug note per processor and run; the warning comes where a video needs torchvision.
 
-    The driver notes it first; Ray actors and loader workers inherit `NOTED_ENV` and stay
-    quiet, instead of each repeating the note on the console.
+    Loading without torchvision changes nothing for image/text data, so no command warns at load
+    time: `prep tokenize`'s summary counts the videos it could not verify ("no reference processor
+    here (videos need torchvision)"), and `train` stops before it starts (exit 3, the install
+    line) when its split holds a video (`train.preflight`). The driver notes it first; Ray actors
+    and loader workers inherit `NOTED_ENV` and stay quiet.
     """
     if path in os.environ.get(NOTED_ENV, "").split(os.pathsep):
-        log.debug("%s: no torchvision (noted by the parent process)", path)
         return
-    log.warning(
-        "%s: the HF video processor needs torchvision, which is not installed; loading the tokenizer, chat "
-        "template and PIL image processor directly. Counting is unaffected; only video verification is off "
-        "(pip install torchvision to enable it).",
+    log.debug(
+        "%s: no torchvision, so no HF video processor: loaded the tokenizer, chat template and PIL image "
+        "processor directly (video counts are closed-form; verifying or training videos needs torchvision)",
         path,
     )
     os.environ[NOTED_ENV] = os.pathsep.join(filter(None, (os.environ.get(NOTED_ENV), path)))

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from prep.cli import main
-from schemas.docs import README, readme_block, render_formats
+from schemas.docs import FORMATS_DOC, readme_block, render_formats
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import (
     SHARDS_MANIFEST_FILE,
@@ -45,7 +45,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def test_readme_format_reference_is_generated_from_schemas() -> None:
-    assert readme_block(README.read_text(encoding="utf-8")) == render_formats(), "run `python -m schemas.docs`"
+    assert readme_block(FORMATS_DOC.read_text(encoding="utf-8")) == render_formats(), "run `python -m schemas.docs`"
 
 
 def test_media_ref_round_trip() -> None:

@@ -25,36 +25,15 @@ from click.testing import CliRunner
 
 from prep.cli import main
 from schemas.layout import ERRORS_DIR, MANIFEST_FILE, SAMPLES_DIR
+from tests.stats.conftest import PACK_SIZE
 
 pytest.importorskip("matplotlib")
 
 BINS = 16
-PACK_SIZE = 4096
 TOKEN_PLOTS = ["tokens_text", "tokens_media", "tokens_total"]
 PACK_PLOTS = ["pack_fill", "pack_samples", "pack_media"]
 IMG = re.compile(r'<figure id="(\w+)"><img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 LENGTHS = ("num_tokens", "num_text_tokens", "num_media_tokens")
-
-
-@pytest.fixture(scope="module")
-def tokenized(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`prep tokenize` of the example, local executor, 8 records per part."""
-    out = tmp_path_factory.mktemp("stats") / "tok"
-    args = ["--dataset-config", str(example_dir / "dataset_info.json"), "--processor", str(example_dir / "processor")]
-    args += ["--output", str(out), "--rows-per-chunk", "8", "--executor", "local", "--max-error-rate", "1"]
-    result = CliRunner().invoke(main, ["tokenize", *args])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return out
-
-
-@pytest.fixture(scope="module")
-def packed(tokenized: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`prep pack` (plan + shards) of the tokenized example, 4 packs per shard."""
-    out = tmp_path_factory.mktemp("stats") / "packed"
-    args = [str(tokenized), "--output", str(out), "--pack-size", str(PACK_SIZE), "--shard-size", "4packs"]
-    result = CliRunner().invoke(main, ["pack", *args, "--executor", "local", "--max-oversize-rate", "1"])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return out
 
 
 def _stats(*args: str) -> str:

@@ -27,6 +27,7 @@ from transformers.image_utils import load_image
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
 from packvlm.energon import PackedTaskEncoder
+from packvlm.errors import ExitCode
 from prep.sources.media import video_meta
 from schemas.media_ref import MediaRef
 from schemas.packed import LoadedPack
@@ -34,7 +35,7 @@ from tests.shards.oracles import original_bytes, tokenized_rows
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.encoder import PackedBatchTaskEncoder, PackEncoder
 from train.families.qwen2_vl import GridLayout
-from train.media import GridMismatchError, MediaOrigin, VideoProcessorUnavailable, decode_image, decode_video_frames
+from train.media import GridMismatchError, MediaOrigin, VideoPackageMissing, decode_image, decode_video_frames
 from train.rope import RopeIndex
 
 
@@ -200,11 +201,11 @@ def test_video_without_torchvision_names_the_sample(packed_example, encoder):
     videos = packed_example(media="videos")
     pack = _packs(videos.path)[0]
     video = next(m for m in pack.media if m.meta.kind == "video")
-    with pytest.raises(VideoProcessorUnavailable) as err:
+    with pytest.raises(VideoPackageMissing) as err:  # a missing package: exit 3, with the install line
         encoder.encode(pack)
     assert pack.key in str(err.value) and pack.sample_ids[video.meta.sample] in str(err.value)
-    assert "torchvision" in str(err.value)
-    with pytest.raises(VideoProcessorUnavailable, match=pack.key):  # surfaces from the loader, not skipped
+    assert "pip install torchvision" in str(err.value) and err.value.exit_code == ExitCode.RESOURCE
+    with pytest.raises(VideoPackageMissing, match=pack.key):  # surfaces from the loader, not skipped
         _energon(videos.path, PackedBatchTaskEncoder(str(videos.processor), str(videos.processor)), 0, 1, reraise=True)
 
 

@@ -74,6 +74,11 @@ class GridLayout:
         return self.video_processor is not None
 
     @property
+    def missing_video_package(self) -> str | None:
+        """The package whose absence leaves no video processor (`train.media` exits 3 naming it)."""
+        return None if self.video_processor is not None else "torchvision"
+
+    @property
     def no_video_reason(self) -> str:
         """What `train.media` says when a video arrives and ``supports_video`` is False."""
         return (

@@ -43,10 +43,12 @@ from train.attention import select_attention
 from train.batch import PackedBatch
 from train.checkpoint import TrainerState, copy_processor_files, load_checkpoint, load_loader_state, save_checkpoint
 from train.chunked_loss import chunked_token_loss_sum
+from train.dataset import PackedDatasetInfo
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
 from train.evaluate import Evaluator, eval_loader_config, validate_eval_config
 from train.export import export_checkpoint
 from train.loader import (
+    LoaderConfig,
     Sampling,
     global_position,
     loader_state,
@@ -64,7 +66,7 @@ from train.recipes.options import PATH, shared_options
 from train.recipes.plan_options import plan_options, plan_run, pop_plan_request
 from train.recipes.trainable_options import trainable_options
 from train.report import REPORTERS, eval_scalars, open_reporters, step_scalars
-from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
+from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file, released_on_failure
 from train.trainable import Group, freeze, num_trainable, trainable_parameters
 
 log = logging.getLogger(__name__)
@@ -233,7 +235,7 @@ def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
 
     \b
-    train hf --data ./example-out/packed --model ./example-data/model \\
+    train hf --data ./example-out/packed-images --model ./example-data/model \\
         --processor ./example-data/processor --output ./example-out/run --max-steps 30
     torchrun --nproc_per_node 2 -m train.cli hf ...   # one process per device
     train hf ... --plan --plan-world-size 8 --gpu-memory 80GB   # memory per GPU, then exit
@@ -273,6 +275,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     eval_config = eval_loader_config(loader_config) if config.eval_every else None
     if eval_config is not None:
         validate_eval_config(eval_config)
+    created = not config.output.exists()
     checkpoint = claim_run_dir(
         config.output,
         fingerprint=config.fingerprint(),
@@ -283,6 +286,18 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     )
     if ctx.is_main:
         attach_log_file(config.output / LOG_FILE)
+    with released_on_failure(config.output, ctx, created=created):
+        return _fit(config, ctx, loader_config, info, checkpoint, eval_config)
+
+
+def _fit(
+    config: HFTrainConfig,
+    ctx: DistContext,
+    loader_config: LoaderConfig,
+    info: PackedDatasetInfo,
+    checkpoint: Path | None,
+    eval_config: LoaderConfig | None,
+) -> list[StepMetrics]:
     attention = select_attention(ctx.device)
     lora = config.lora()
     model = load_model(
@@ -342,7 +357,10 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         evaluator = Evaluator(eval_config, config.eval_every, config.output, ctx, resumed_at=start)
     reporter = open_reporters(config.report_to, config.output, config.fingerprint(), ctx.is_main, resumed=start > 0)
     history = []
-    progress = tqdm(total=config.max_steps, initial=start, disable=not ctx.is_main, desc="train", unit="step")
+    # a bar only on a terminal (disable=None): logs and CI output get the step lines alone
+    progress = tqdm(
+        total=config.max_steps, initial=start, disable=None if ctx.is_main else True, desc="train", unit="step"
+    )
     last = min(config.max_steps, config.stop_after or config.max_steps)
     for step in range(start + 1, last + 1):
         micro = [next(batches) for _ in range(config.grad_accum)]
