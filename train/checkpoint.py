@@ -93,11 +93,16 @@ def save_checkpoint(
     ctx: DistContext,
     *,
     model: Any,
+    model_state: dict[str, Any] | None = None,
     processor_dir: Path,
     state: TrainerState,
     loader_state: Any,
 ) -> Path:
-    """Write ``OUT/checkpoints/step-N`` collectively; every rank must call it."""
+    """Write ``OUT/checkpoints/step-N`` collectively; every rank must call it.
+
+    ``model_state``: the whole state dict on rank 0 when the model is sharded
+    (`train.sharding.full_model_state`); by default the model's own.
+    """
     root = out / CHECKPOINTS_DIR
     final = root / checkpoint_name(state.step)
     # a directory all ranks write into: a fixed temp name (`packvlm.atomic` temp names carry a pid)
@@ -108,7 +113,7 @@ def save_checkpoint(
     barrier(ctx)
     torch.save(loader_state, tmp / loader_state_name(ctx.rank))
     if ctx.is_main:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=model_state)
         copy_processor_files(processor_dir, tmp)
         torch.save(state.to_dict(), tmp / TRAINER_STATE_FILE)
     barrier(ctx)

@@ -159,7 +159,8 @@ def label_positions(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
 
 
 def _chunk_loss_sum(head: OutputHead, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head.logits(hidden).float(), targets, reduction="sum")
+    logits = head.logits(hidden)  # upcast to fp32 at least: a float64 model (a test's truth) stays float64
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets, reduction="sum")
 
 
 def chunked_cross_entropy_sum(

@@ -5,9 +5,13 @@ One process per device (alone or under ``torchrun``). Each optimizer step takes
 ``packs_per_microbatch`` packs in one row, no padding), runs the model with varlen
 attention, and normalises the summed token loss by the number of label tokens of the
 **whole global batch** (every micro-batch on every rank), so a token weighs the same
-whatever pack, micro-batch or rank it landed in. Gradients are summed over ranks with one
+whatever pack, micro-batch or rank it landed in. Several ranks shard the model with FSDP2
+by default (`train.sharding`: ``--sharding full|hybrid``, gradients reduce-scattered as sums,
+the vision tower kept in step on text-only micro-batches by `train.vision_sync`); with
+``--sharding none`` every rank holds the whole model and gradients are summed with one
 all-reduce per step (no DDP wrapper: the vision tower sees no input on text-only
-micro-batches, which DDP's bucket hooks treat as an error).
+micro-batches, which DDP's bucket hooks treat as an error). ``--activation-checkpointing``
+(default on CUDA) recomputes every decoder layer and vision block in backward.
 
 Exact resume: a checkpoint holds the weights (``save_pretrained``), optimizer, scheduler,
 RNG, step and each rank's Energon loader state, so ``--resume`` continues with the very
@@ -49,9 +53,20 @@ from train.loader import Sampling, loader_state, make_loader, rank_loader_config
 from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
-from train.models import load_model
 from train.recipes.options import PATH, shared_options
 from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file
+from train.sharding import (
+    SHARDINGS,
+    ShardingPlan,
+    clip_grad_norm,
+    full_model_state,
+    full_optimizer_state,
+    load_full_optimizer_state,
+    load_sharded_model,
+    resolve_plan,
+    sync_gradients_on,
+)
+from train.vision_sync import VisionSync
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +96,16 @@ class HFTrainConfig:
     sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
     pixels: PixelWire = "uint8"  # image pixels from the loader workers (train.pixels); "float32" as processed
     shuffle_buffer_size: int = 100  # with sampling "buffer"
+    sharding: str = "auto"  # train.sharding.SHARDINGS; auto: full when world size > 1, else none
+    activation_checkpointing: bool | None = None  # None: on for CUDA, off on CPU
+    cpu_offload: bool = False  # FSDP shards, gradients and optimizer state in host memory
 
     def fingerprint(self) -> dict[str, Any]:
         """Options the trajectory depends on; a resumed run must match them."""
         # pixels: bit-equal inputs either way, so a run may resume with the other wire
-        return config_fingerprint(self, skip=("resume", "save_every", "max_steps", "stop_after", "pixels"))
+        # sharding, checkpointing and offload change where numbers live, not the trajectory
+        skip = ("resume", "save_every", "max_steps", "stop_after", "pixels", "activation_checkpointing", "cpu_offload")
+        return config_fingerprint(self, skip=skip)
 
 
 def _default(name: str) -> Any:
@@ -125,6 +145,25 @@ def _default(name: str) -> Any:
 )
 @click.option("--resume", is_flag=True, help="Continue from OUT's latest checkpoint, exactly.")
 @click.option("--device", default=_default("device"), show_default=True, help="auto, cpu or cuda.")
+@click.option(
+    "--sharding",
+    type=click.Choice(SHARDINGS),
+    default=_default("sharding"),
+    show_default=True,
+    help="FSDP2: full shards over all ranks, hybrid inside each node (replicated across nodes), none replicates; "
+    "auto is full with several ranks, none with one.",
+)
+@click.option(
+    "--activation-checkpointing/--no-activation-checkpointing",
+    default=_default("activation_checkpointing"),
+    help="Recompute each decoder layer and vision block in backward. [default: on for CUDA, off on CPU]",
+)
+@click.option(
+    "--cpu-offload",
+    is_flag=True,
+    default=_default("cpu_offload"),
+    help="Keep FSDP parameter shards, gradients and optimizer state in host memory (optimizer step on the CPU).",
+)
 def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
 
@@ -165,20 +204,23 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     if ctx.is_main:
         attach_log_file(config.output / LOG_FILE)
     attention = select_attention(ctx.device)
-    model = load_model(
-        checkpoint or config.model,
-        seed=config.seed,
-        dtype=torch.float32,
-        attn_implementation=attention,
-        device=ctx.device,
+    plan = resolve_plan(
+        ctx,
+        sharding=config.sharding,
+        activation_checkpointing=config.activation_checkpointing,
+        cpu_offload=config.cpu_offload,
+    )
+    model = load_sharded_model(
+        checkpoint or config.model, seed=config.seed, attn_implementation=attention, plan=plan, ctx=ctx
     )
     model.train()
+    vision_sync = VisionSync(model) if plan.sharded else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     start = 0
     restored_loader = None
     if checkpoint is not None:
         state = load_trainer_state(checkpoint)
-        optimizer.load_state_dict(state.optimizer)
+        load_full_optimizer_state(model, optimizer, state.optimizer)
         set_rng_state(state.rng)
         restored_loader = load_loader_state(checkpoint, ctx)
         start = state.step
@@ -189,7 +231,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     if ctx.is_main:
         writer.truncate_after(start)
     log.info(
-        "train hf: %s (%d packs of %d tokens, %s) on %s x%d, attention %s, steps %d..%d",
+        "train hf: %s (%d packs of %d tokens, %s) on %s x%d, attention %s, %s, steps %d..%d",
         config.data,
         info.num_packs,
         info.pack_size,
@@ -197,6 +239,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
         ctx.device,
         ctx.world_size,
         attention,
+        plan,
         start,
         config.max_steps,
     )
@@ -206,7 +249,7 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
     last = min(config.max_steps, config.stop_after or config.max_steps)
     for step in range(start + 1, last + 1):
         micro = [next(batches) for _ in range(config.grad_accum)]
-        metrics = _step(model, optimizer, scheduler, micro, config, ctx, step)
+        metrics = _step(model, optimizer, scheduler, micro, config, ctx, step, plan=plan, vision_sync=vision_sync)
         history.append(metrics)
         progress.update(1)
         if ctx.is_main:
@@ -214,11 +257,12 @@ def _train(config: HFTrainConfig, ctx: DistContext) -> list[StepMetrics]:
             progress.set_postfix(loss=f"{metrics.loss:.4f}", tok_s=f"{metrics.tokens_per_s:,.0f}")
             log.info(metrics.log_line(config.max_steps))
         if step == last or (config.save_every and step % config.save_every == 0):
-            state = TrainerState(step=step, optimizer=optimizer.state_dict(), rng=rng_state())
+            state = TrainerState(step=step, optimizer=full_optimizer_state(model, optimizer), rng=rng_state())
             path = save_checkpoint(
                 config.output,
                 ctx,
                 model=model,
+                model_state=full_model_state(model),
                 processor_dir=config.processor,
                 state=state,
                 loader_state=loader_state(loader),
@@ -253,19 +297,30 @@ def _step(
     config: HFTrainConfig,
     ctx: DistContext,
     step: int,
+    *,
+    plan: ShardingPlan,
+    vision_sync: VisionSync | None = None,
 ) -> StepMetrics:
-    """One optimizer step over this rank's micro-batches; loss normalised by global label tokens."""
+    """One optimizer step over this rank's micro-batches; loss normalised by global label tokens.
+
+    Sharded (``plan.sharded``), FSDP2 sums the gradients over ranks in backward and
+    ``vision_sync`` gives every rank the same vision-tower calls; otherwise one all-reduce sums them.
+    """
     started = time.perf_counter()
     num_label_tokens = global_label_tokens(micro)  # the normaliser: every label token of the global batch
+    extra_calls = vision_sync.agree(micro, ctx) if vision_sync is not None else [0] * len(micro)
     loss_sum = 0.0
-    for batch in micro:
+    for index, batch in enumerate(micro):
         batch = batch.to(ctx.device)
-        with _autocast(ctx.device):  # the head runs under autocast too, as it would inside the forward
+        sync_gradients_on(model, index, len(micro))
+        padded = vision_sync.padded(extra_calls[index]) if vision_sync is not None else contextlib.nullcontext()
+        with _autocast(ctx.device), padded:  # the head runs under autocast too, as it would inside the forward
             summed, _ = chunked_token_loss_sum(model, batch)  # logits only at label positions, in chunks
         (summed / max(num_label_tokens, 1.0)).backward()
         loss_sum += float(summed.detach())
-    all_reduce_grads(model, ctx)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    if not plan.sharded:
+        all_reduce_grads(model, ctx)
+    grad_norm = clip_grad_norm(model, config.max_grad_norm)
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
@@ -277,7 +332,7 @@ def _step(
         loss_sum=loss_sum,
         num_label_tokens=num_label_tokens,
         lr=lr,
-        grad_norm=float(grad_norm),
+        grad_norm=grad_norm,
         started=started,
     )
 
