@@ -193,7 +193,9 @@ def load_sharded_model(
 ) -> nn.Module:
     """The model sharded per ``plan``, master weights in ``dtype``; see the module docstring for who reads what."""
     if not plan.sharded:
-        model = load_model(model_dir, seed=seed, dtype=dtype, attn_implementation=attn_implementation, device=ctx.device)
+        model = load_model(
+            model_dir, seed=seed, dtype=dtype, attn_implementation=attn_implementation, device=ctx.device
+        )
         return shard_model(model, plan, ctx)
     ensure_process_group(ctx)
     # rank 0: the real weights (or the seeded init) on the host, in the checkpoint's dtype

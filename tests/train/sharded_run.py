@@ -103,6 +103,7 @@ def _worker(rank: int, spec: RunSpec, port: int, out: str) -> None:
         LOCAL_WORLD_SIZE=str(spec.node_size or world),
     )
     from train.distributed import shutdown
+
     try:
         result = _train(spec, rank, spec.sharding, [step[rank] for step in spec.steps])
         if result is not None:
