@@ -138,7 +138,11 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     """
     if not layer_modules(model):
         raise ShardingError(f"{type(model).__name__} has no checkpointable layers; pass --no-activation-checkpointing")
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    else:  # older: the same layers; they checkpoint `__call__`, which FSDP2 also composes with
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
 
 
 def ensure_process_group(ctx: DistContext) -> None:
@@ -254,5 +258,12 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 
 def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Each rank keeps its slice of a whole optimizer state (`full_optimizer_state`'s)."""
+    """Each rank keeps its slice of a whole optimizer state (`full_optimizer_state`'s).
+
+    Group keys the fresh optimizer lacks (``initial_lr``, which the LR schedule adds and rebuilds
+    from today's options) are left out: the state-dict API refuses them.
+    """
+    known = set(optimizer.param_groups[0])
+    groups = [{k: v for k, v in group.items() if k in known or k == "params"} for group in state["param_groups"]]
+    state = {**state, "param_groups": groups}
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

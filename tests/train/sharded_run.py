@@ -12,6 +12,7 @@ The workers live here, not in a test file, so that spawned processes can import 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import socket
 import tempfile
@@ -29,6 +30,7 @@ class RunSpec:
     steps: list[list[list[PackedBatch]]]  # [step][rank][micro-batch]
     sharding: str = "full"
     activation_checkpointing: bool = True
+    cpu_offload: bool = False
     node_size: int | None = None  # LOCAL_WORLD_SIZE of each rank (hybrid); default: all ranks
     dtype: torch.dtype = torch.float64
     lr: float = 1e-3
@@ -54,7 +56,12 @@ def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[Pac
     from train.vision_sync import VisionSync
 
     ctx = init_distributed("cpu")
-    plan = resolve_plan(ctx, sharding=sharding, activation_checkpointing=spec.activation_checkpointing)
+    plan = resolve_plan(
+        ctx,
+        sharding=sharding,
+        activation_checkpointing=spec.activation_checkpointing,
+        cpu_offload=spec.cpu_offload and sharding != "none",
+    )
     model = load_sharded_model(
         spec.model_dir, seed=0, attn_implementation="packvlm_varlen", plan=plan, ctx=ctx, dtype=spec.dtype
     )
@@ -102,8 +109,12 @@ def _worker(rank: int, spec: RunSpec, port: int, out: str) -> None:
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(spec.node_size or world),
     )
+    import torch.distributed as dist
+
     from train.distributed import shutdown
 
+    # a collective one rank never joins fails the test in minutes instead of gloo's 30
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=240))
     try:
         result = _train(spec, rank, spec.sharding, [step[rank] for step in spec.steps])
         if result is not None:
