@@ -173,7 +173,8 @@ def shard_model(model: nn.Module, plan: ShardingPlan, ctx: DistContext) -> nn.Mo
     options: dict[str, Any] = {
         "mesh": mesh,
         "mp_policy": mixed if plan.mixed_precision else MixedPrecisionPolicy(),
-        "offload_policy": CPUOffloadPolicy() if plan.cpu_offload else OffloadPolicy(),
+        # pinned host memory exists only beside CUDA (mixed_precision is "on CUDA")
+        "offload_policy": CPUOffloadPolicy(pin_memory=plan.mixed_precision) if plan.cpu_offload else OffloadPolicy(),
     }
     for layer in layer_modules(model):
         fully_shard(layer, **options)
@@ -260,10 +261,14 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Each rank keeps its slice of a whole optimizer state (`full_optimizer_state`'s).
 
-    Group keys the fresh optimizer lacks (``initial_lr``, which the LR schedule adds and rebuilds
-    from today's options) are left out: the state-dict API refuses them.
+    The learning rate is the fresh optimizer's: the LR schedule, built after this, rebuilds every
+    step's rate from today's options (``initial_lr``, which a schedule adds, is left out; the
+    state-dict API refuses keys the fresh optimizer lacks).
     """
-    known = set(optimizer.param_groups[0])
-    groups = [{k: v for k, v in group.items() if k in known or k == "params"} for group in state["param_groups"]]
+    fresh = optimizer.param_groups
+    groups = [
+        {k: (fresh[i]["lr"] if k == "lr" else v) for k, v in group.items() if k in fresh[i] or k == "params"}
+        for i, group in enumerate(state["param_groups"])
+    ]
     state = {**state, "param_groups": groups}
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

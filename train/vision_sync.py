@@ -27,7 +27,8 @@ is refused when sharding starts, not when the first text-only batch hangs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import inspect
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -52,8 +53,33 @@ def vision_calls(batch: PackedBatch) -> int:
     return sum(name in batch.vision for name in TOWER_INPUTS)
 
 
+def _refuse(model: nn.Module, why: str) -> UnsupportedVisionTowerError:
+    return UnsupportedVisionTowerError(
+        f"{type(model).__name__}: {why}; FSDP needs a zero image for its vision tower on text-only micro-batches: "
+        "train it with --sharding none"
+    )
+
+
+def _image_features(model: nn.Module) -> Callable[..., Any]:
+    """``model.get_image_features``, refused when it needs more than pixels (and a Qwen-VL grid)."""
+    features = getattr(model, "get_image_features", None)
+    if not callable(features):
+        raise _refuse(model, "no get_image_features")
+    required = [
+        name
+        for name, parameter in inspect.signature(features).parameters.items()
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+        and name not in ("pixel_values", "image_grid_thw")
+    ]
+    if required:
+        raise _refuse(model, f"get_image_features also needs {', '.join(required)}")
+    return features
+
+
 def zero_image(model: nn.Module) -> dict[str, torch.Tensor]:
     """The smallest all-zero image ``get_image_features`` accepts (see the module docstring)."""
+    _image_features(model)
     config = getattr(getattr(model, "config", None), "vision_config", None)
     channels = next((getattr(config, k) for k in ("in_channels", "in_chans", "num_channels") if hasattr(config, k)), 3)
     layout = ("spatial_merge_size", "temporal_patch_size", "patch_size")
@@ -64,10 +90,7 @@ def zero_image(model: nn.Module) -> dict[str, torch.Tensor]:
     size = getattr(config, "image_size", None)
     if isinstance(size, int):
         return {"pixel_values": torch.zeros(1, channels, size, size)}
-    raise UnsupportedVisionTowerError(
-        f"{type(model).__name__}: no zero image for its vision tower (no Qwen-VL patch layout, no fixed image_size), "
-        "which FSDP needs on text-only micro-batches; train it with --sharding none"
-    )
+    raise _refuse(model, "its vision config has neither a Qwen-VL patch layout nor a fixed image_size")
 
 
 def _feature_sum(output: Any) -> torch.Tensor:
@@ -112,7 +135,7 @@ class VisionSync:
         if not self.pending:
             return output
         count, self.pending = self.pending, 0
-        features = getattr(self.model, "get_image_features")  # noqa: B009  # the FSDP root's class defines it
+        features = _image_features(self.model)
         inputs = {k: v.to(output.device) for k, v in self.inputs.items()}
         total = torch.stack([_feature_sum(features(**inputs)) for _ in range(count)]).sum()
         return output + (0.0 * total).to(output.dtype)

@@ -127,11 +127,19 @@ def test_two_rank_fsdp_equals_one_process(family_run: Callable[[str], FamilyRun]
     assert_trained(sharded, run.model_dir, FAMILIES[name])
 
 
-def test_hybrid_replicate_two_by_shard_one_equals_one_process(family_run: Callable[[str], FamilyRun]) -> None:
-    """--sharding hybrid with a node size of 1: a (2 replicas x 1 shard) mesh, gradients all-reduced
-    across the replicas by FSDP (summed), equals one process."""
+@pytest.mark.parametrize(
+    ("sharding", "node_size", "cpu_offload"),
+    [("hybrid", 1, False), ("full", None, True)],
+    ids=["hybrid-2-replicas-x-1-shard", "full-cpu-offload"],
+)
+def test_hybrid_and_offload_equal_one_process(
+    family_run: Callable[[str], FamilyRun], sharding: str, node_size: int | None, cpu_offload: bool
+) -> None:
+    """--sharding hybrid with a node size of 1 (a 2 replicas x 1 shard mesh: gradients reduce-scattered in
+    the node, then all-reduced, summed, across the replicas), and --cpu-offload (shards, gradients and
+    optimizer state in host memory), each equal one process."""
     run = family_run("qwen2_vl")
-    spec = run.spec(sharding="hybrid", node_size=1)
+    spec = run.spec(sharding=sharding, node_size=node_size, cpu_offload=cpu_offload)
     assert_same_run(run_ranks(spec), run.alone, spec)
 
 
@@ -203,9 +211,29 @@ def test_every_decoder_layer_and_vision_block_is_a_unit(tmp_path: Path, name: st
     zero_image(model)  # every family here has a zero image for its tower
 
 
-def test_a_tower_without_a_known_input_shape_is_refused() -> None:
-    class Tower(nn.Module):
-        config = type("Config", (), {"vision_config": type("VisionConfig", (), {})()})()
+def test_a_tower_without_a_known_zero_image_is_refused() -> None:
+    """Refused when sharding starts, naming the way out, rather than failing on the first text-only batch."""
 
-    with pytest.raises(UnsupportedVisionTowerError, match="--sharding none"):
-        zero_image(Tower())
+    def vision_config(**fields: object) -> object:
+        return type("Config", (), {"vision_config": type("VisionConfig", (), fields)()})()
+
+    class NoShape(nn.Module):
+        config = vision_config()
+
+        def get_image_features(self, pixel_values: torch.Tensor, **kwargs: object) -> torch.Tensor:
+            return pixel_values
+
+    class NeedsSizes(NoShape):  # LLaVA-NeXT, Pixtral: image sizes come with the pixels
+        config = vision_config(image_size=32, num_channels=3)
+
+        def get_image_features(self, pixel_values: torch.Tensor, image_sizes: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            return pixel_values
+
+    class Fixed(NoShape):
+        config = vision_config(image_size=32, num_channels=3)
+
+    with pytest.raises(UnsupportedVisionTowerError, match="neither a Qwen-VL patch layout.*--sharding none"):
+        zero_image(NoShape())
+    with pytest.raises(UnsupportedVisionTowerError, match="also needs image_sizes"):
+        zero_image(NeedsSizes())
+    assert zero_image(Fixed())["pixel_values"].shape == (1, 3, 32, 32)
