@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 
 from train.batch import PackedBatch
 
@@ -47,6 +48,9 @@ class RunResult:
     grad_norms: list[float]
     label_tokens: list[int]
     weights: dict[str, torch.Tensor]
+    local_numel: int  # rank 0's parameter elements (its shards when sharded)
+    local_state_numel: int  # rank 0's AdamW state elements (exp_avg + exp_avg_sq)
+    shapes: list[tuple[int, ...]]  # every parameter's whole shape, each shared parameter once
 
 
 def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[PackedBatch]]) -> RunResult | None:
@@ -87,8 +91,20 @@ def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[Pac
     if rank != 0:
         return None
     return RunResult(
-        [m.loss for m in metrics], [m.grad_norm for m in metrics], [m.num_label_tokens for m in metrics], weights
+        [m.loss for m in metrics],
+        [m.grad_norm for m in metrics],
+        [m.num_label_tokens for m in metrics],
+        weights,
+        local_numel=sum(_local(p).numel() for p in model.parameters()),
+        shapes=[tuple(p.shape) for p in model.parameters()],
+        local_state_numel=sum(
+            _local(v).numel() for s in optimizer.state.values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")
+        ),
     )
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def run_alone(spec: RunSpec) -> RunResult:

@@ -18,6 +18,7 @@ vision tower left out changes weights by ~lr.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -105,6 +106,15 @@ def assert_same_run(run: RunResult, truth: RunResult, spec: RunSpec) -> None:
         torch.testing.assert_close(run.weights[name], tensor, rtol=TIGHT, atol=TIGHT, msg=name)
 
 
+def assert_sharded(run: RunResult, truth: RunResult, shards: int) -> None:
+    """Rank 0 holds its dim-0 slice of each parameter (the first ceil(rows / shards) rows) and AdamW
+    state for that slice alone: the equality above is not a replicated run's."""
+    assert run.shapes == truth.shapes
+    expected = sum(-(-shape[0] // shards) * math.prod(shape[1:]) for shape in truth.shapes)
+    assert run.local_numel == expected < truth.local_numel == sum(math.prod(shape) for shape in truth.shapes)
+    assert run.local_state_numel == 2 * expected and truth.local_state_numel == 2 * truth.local_numel
+
+
 def assert_trained(result: RunResult, model_dir: Path, vision: str) -> None:
     """Every layer and vision block moved from its initial value (weight decay is 0: a gradient reached it)."""
     initial = load_model(model_dir, seed=0, dtype=torch.float64, attn_implementation="packvlm_varlen").state_dict()
@@ -124,6 +134,7 @@ def test_two_rank_fsdp_equals_one_process(family_run: Callable[[str], FamilyRun]
     assert [vision_calls(b) for b in spec.steps[1][0]] == [0, 0]  # rank 0 sees no image in step 2
     sharded = run_ranks(spec)
     assert_same_run(sharded, run.alone, spec)
+    assert_sharded(sharded, run.alone, shards=2)
     assert_trained(sharded, run.model_dir, FAMILIES[name])
 
 
@@ -140,7 +151,12 @@ def test_hybrid_and_offload_equal_one_process(
     optimizer state in host memory), each equal one process."""
     run = family_run("qwen2_vl")
     spec = run.spec(sharding=sharding, node_size=node_size, cpu_offload=cpu_offload)
-    assert_same_run(run_ranks(spec), run.alone, spec)
+    result = run_ranks(spec)
+    assert_same_run(result, run.alone, spec)
+    if sharding == "hybrid":  # one shard per node: each replica holds everything
+        assert result.local_numel == run.alone.local_numel
+    else:
+        assert_sharded(result, run.alone, shards=2)
 
 
 def _losses_and_grads(model: nn.Module, batches: list[PackedBatch]) -> tuple[list[float], dict[str, torch.Tensor]]:
