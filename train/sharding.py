@@ -249,8 +249,16 @@ _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def full_model_state(model: nn.Module) -> dict[str, Any]:
-    """Every rank calls it; rank 0 gets the whole state dict on the host (the others an empty one)."""
-    return get_model_state_dict(model, options=_FULL)
+    """Every rank calls it; rank 0 gets the whole state dict on the host (the others an empty one).
+
+    Tied weights (an output head tied to the embeddings) come back gathered twice; they are made
+    one tensor again so ``save_pretrained`` writes them once, as for an unsharded model.
+    """
+    state = get_model_state_dict(model, options=_FULL)
+    for tied, source in getattr(model, "all_tied_weights_keys", {}).items():
+        if tied in state and source in state:
+            state[tied] = state[source]
+    return state
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
