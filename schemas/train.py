@@ -1,4 +1,4 @@
-"""Layout of a `train` run directory (version 1): metrics, checkpoints, loader state.
+"""Layout of a `train` run directory (version 2): metrics, checkpoints, loader state.
 
 Directory (``OUT``)::
 
@@ -9,7 +9,8 @@ Directory (``OUT``)::
     OUT/checkpoints/step-00000010/         written as .tmp-step-00000010 then renamed
         config.json, model.safetensors     ``save_pretrained``: loads in plain transformers
         tokenizer*.json, *config.json, chat_template.jinja   the processor's files
-        trainer_state.pt                   TrainerState.to_dict(): optimizer, step, RNG
+        trainer_state.pt                   TrainerState.to_dict(): optimizer, step, RNG (v2: the optimizer
+                                           state whole, keyed by parameter name, whatever the sharding)
         loader-rank-00000.pt               Energon ``save_state_rank()`` of each data-parallel rank
 
 Example ``metrics.jsonl`` line (one optimizer step over 2 ranks x 2 micro-batches)::
@@ -27,7 +28,7 @@ pack key leads back to its samples (``sample_id`` = dataset:line:copy) through t
 
 from __future__ import annotations
 
-TRAIN_LAYOUT_VERSION = 1
+TRAIN_LAYOUT_VERSION = 2  # 2: optimizer state keyed by parameter name (torch.distributed.checkpoint)
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "train.log"
 CHECKPOINTS_DIR = "checkpoints"
