@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,11 +67,30 @@ def _packable_attention(config: object, auto_class: type, attn_implementation: s
     return attn_implementation
 
 
+def _model_config(model_dir: Path, attn_implementation: str) -> tuple[object, Any, str]:
+    if not (model_dir / "config.json").is_file():
+        raise ModelLoadError(f"{model_dir}: no config.json; pass a Hugging Face model directory to --model")
+    register_packed_attention()
+    config = AutoConfig.from_pretrained(str(model_dir))
+    auto_class = _auto_class(config)
+    return config, auto_class, _packable_attention(config, auto_class, attn_implementation)
+
+
+def build_model(
+    model_dir: str | Path, *, dtype: torch.dtype = torch.float32, attn_implementation: str
+) -> PreTrainedModel:
+    """The model class of ``model_dir`` built from its config on the current default device, weights
+    not read (under ``torch.device("meta")``: no memory at all, for sharded loading)."""
+    config, auto_class, attn_implementation = _model_config(Path(model_dir), attn_implementation)
+    model = auto_class.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    return prepare_model_for_packing(model)
+
+
 def load_model(
     model_dir: str | Path,
     *,
     seed: int,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     attn_implementation: str,
     device: torch.device | str = "cpu",
 ) -> PreTrainedModel:
@@ -79,17 +99,13 @@ def load_model(
     Args:
         model_dir: Local Hugging Face model directory (``config.json`` required).
         seed: Seed of the random initialisation (config-only directories).
-        dtype: Parameter dtype (fp32 master weights; the loop autocasts on GPU).
+        dtype: Parameter dtype (fp32 master weights; the loop autocasts on GPU); ``"auto"``
+            keeps the checkpoint's own dtype (`train.sharding` loads so, then casts per shard).
         attn_implementation: e.g. ``train.attention.select_attention(device)``.
         device: Where the parameters go.
     """
     model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise ModelLoadError(f"{model_dir}: no config.json; pass a Hugging Face model directory to --model")
-    register_packed_attention()
-    config = AutoConfig.from_pretrained(str(model_dir))
-    auto_class = _auto_class(config)
-    attn_implementation = _packable_attention(config, auto_class, attn_implementation)
+    config, auto_class, attn_implementation = _model_config(model_dir, attn_implementation)
     if has_weights(model_dir):
         log.info("loading %s weights from %s", type(config).__name__, model_dir)
         model = auto_class.from_pretrained(str(model_dir), dtype=dtype, attn_implementation=attn_implementation)

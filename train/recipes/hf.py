@@ -5,9 +5,13 @@ One process per device (alone or under ``torchrun``). Each optimizer step takes
 ``packs_per_microbatch`` packs in one row, no padding), runs the model with varlen
 attention, and normalises the summed token loss by the number of label tokens of the
 **whole global batch** (every micro-batch on every rank), so a token weighs the same
-whatever pack, micro-batch or rank it landed in. Gradients are summed over ranks with one
+whatever pack, micro-batch or rank it landed in. Several ranks shard the model with FSDP2
+by default (`train.sharding`: ``--sharding full|hybrid``, gradients reduce-scattered as sums,
+the vision tower kept in step on text-only micro-batches by `train.vision_sync`); with
+``--sharding none`` every rank holds the whole model and gradients are summed with one
 all-reduce per step (no DDP wrapper: the vision tower sees no input on text-only
-micro-batches, which DDP's bucket hooks treat as an error).
+micro-batches, which DDP's bucket hooks treat as an error). ``--activation-checkpointing``
+(default on CUDA) recomputes every decoder layer and vision block in backward.
 
 Exact resume: a checkpoint (`train.checkpoint`, torch.distributed.checkpoint) holds the
 model and optimizer shards, each rank's RNG, the step and the global data position, so
@@ -60,14 +64,22 @@ from train.lora import LoraExport, LoraSettings, apply_lora, export_merged, save
 from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
-from train.models import load_model
 from train.plan import render
 from train.recipes.options import PATH, shared_options
 from train.recipes.plan_options import plan_options, plan_run, pop_plan_request
 from train.recipes.trainable_options import trainable_options
 from train.report import REPORTERS, eval_scalars, open_reporters, step_scalars
 from train.run_dir import attach_log_file, claim_run_dir, config_fingerprint, detach_log_file, released_on_failure
+from train.sharding import (
+    SHARDINGS,
+    ShardingPlan,
+    clip_grad_norm,
+    load_sharded_model,
+    resolve_plan,
+    sync_gradients_on,
+)
 from train.trainable import Group, freeze, num_trainable, trainable_parameters
+from train.vision_sync import VisionSync
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +100,11 @@ RESUME_MAY_CHANGE = (
     "lora_export",
     "eval_every",  # evaluation restores the RNG, so it changes no step
     "report_to",
+    # sharding, checkpointing and offload change where numbers live and the order of sums, not the
+    # trajectory (tests/train/test_sharding.py); DCP checkpoints reshard to any placement
+    "sharding",
+    "activation_checkpointing",
+    "cpu_offload",
 )
 
 
@@ -129,6 +146,9 @@ class HFTrainConfig:
     lora_export: LoraExport = "adapter"  # "merged": the end of the run also writes OUT/merged
     eval_every: int = 0  # validation loss every N steps and after the last (train.evaluate); 0: never
     report_to: tuple[str, ...] = ()  # "tensorboard", "wandb" (train.report); metrics.jsonl is always written
+    sharding: str = "auto"  # train.sharding.SHARDINGS; auto: full when world size > 1, else none
+    activation_checkpointing: bool | None = None  # None: on for CUDA, off on CPU
+    cpu_offload: bool = False  # FSDP shards, gradients and optimizer state in host memory
 
     def __post_init__(self) -> None:
         if self.lora_rank and self.freeze:
@@ -231,6 +251,25 @@ def _default(name: str) -> Any:
 )
 @trainable_options(HFTrainConfig)
 @plan_options
+@click.option(
+    "--sharding",
+    type=click.Choice(SHARDINGS),
+    default=_default("sharding"),
+    show_default=True,
+    help="FSDP2: full shards over all ranks, hybrid inside each node (replicated across nodes), none replicates; "
+    "auto is full with several ranks, none with one.",
+)
+@click.option(
+    "--activation-checkpointing/--no-activation-checkpointing",
+    default=_default("activation_checkpointing"),
+    help="Recompute each decoder layer and vision block in backward. [default: on for CUDA, off on CPU]",
+)
+@click.option(
+    "--cpu-offload",
+    is_flag=True,
+    default=_default("cpu_offload"),
+    help="Keep FSDP parameter shards, gradients and optimizer state in host memory (optimizer step on the CPU).",
+)
 def hf_command(**options: Any) -> None:
     """Train a Hugging Face model (AutoModelForImageTextToText or causal LM) on packed micro-batches.
 
@@ -299,20 +338,31 @@ def _fit(
     eval_config: LoaderConfig | None,
 ) -> list[StepMetrics]:
     attention = select_attention(ctx.device)
+    plan = resolve_plan(
+        ctx,
+        sharding=config.sharding,
+        activation_checkpointing=config.activation_checkpointing,
+        cpu_offload=config.cpu_offload,
+    )
     lora = config.lora()
-    model = load_model(
-        config.model,  # a checkpoint's weights (and LoRA adapters) are loaded below, after sharding
+    if lora is not None and plan.sharded:
+        raise UsageError(
+            "--lora-rank with FSDP sharding is not supported yet; add --sharding none (the base weights are "
+            "replicated, only the adapters train and are all-reduced)"
+        )
+    model = load_sharded_model(  # a checkpoint's weights (and LoRA adapters) are loaded below, after sharding
+        config.model,
         seed=config.seed,
-        dtype=torch.float32,
         attn_implementation=attention,
-        device=ctx.device,
+        plan=plan,
+        ctx=ctx,
+        prepare=(lambda m: freeze(m, config.freeze)) if config.freeze else None,  # before fully_shard
     )
     model.train()
+    vision_sync = VisionSync(model) if plan.sharded else None
     saved = model  # what a LoRA checkpoint also writes as a peft adapter: the peft wrapper
     if lora is not None:
         saved = apply_lora(model, lora, seed=config.seed)
-    elif config.freeze:
-        freeze(model, config.freeze)
     if not num_trainable(model):
         raise UsageError(f"--freeze {' --freeze '.join(config.freeze)} leaves nothing to train")
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.lr, weight_decay=config.weight_decay)
@@ -340,7 +390,7 @@ def _fit(
     if ctx.is_main:
         writer.truncate_after(start)
     log.info(
-        "train hf: %s (%d packs of %d tokens, %s) on %s x%d, attention %s, steps %d..%d",
+        "train hf: %s (%d packs of %d tokens, %s) on %s x%d, attention %s, %s, steps %d..%d",
         config.data,
         info.num_packs,
         info.pack_size,
@@ -348,6 +398,7 @@ def _fit(
         ctx.device,
         ctx.world_size,
         attention,
+        plan,
         start,
         config.max_steps,
     )
@@ -364,7 +415,7 @@ def _fit(
     last = min(config.max_steps, config.stop_after or config.max_steps)
     for step in range(start + 1, last + 1):
         micro = [next(batches) for _ in range(config.grad_accum)]
-        metrics = _step(model, optimizer, scheduler, micro, config, ctx, step)
+        metrics = _step(model, optimizer, scheduler, micro, config, ctx, step, plan=plan, vision_sync=vision_sync)
         history.append(metrics)
         progress.update(1)
         if ctx.is_main:
@@ -435,20 +486,31 @@ def _step(
     config: HFTrainConfig,
     ctx: DistContext,
     step: int,
+    *,
+    plan: ShardingPlan,
+    vision_sync: VisionSync | None = None,
 ) -> StepMetrics:
-    """One optimizer step over this rank's micro-batches; loss normalised by global label tokens."""
+    """One optimizer step over this rank's micro-batches; loss normalised by global label tokens.
+
+    Sharded (``plan.sharded``), FSDP2 sums the gradients over ranks in backward and
+    ``vision_sync`` gives every rank the same vision-tower calls; otherwise one all-reduce sums them.
+    """
     started = time.perf_counter()
     num_label_tokens = global_label_tokens(micro)  # the normaliser: every label token of the global batch
+    extra_calls = vision_sync.agree(micro, ctx) if vision_sync is not None else [0] * len(micro)
     loss_sum = 0.0
-    for batch in micro:
+    for index, batch in enumerate(micro):
         batch = batch.to(ctx.device)
-        with _autocast(ctx.device):  # the head runs under autocast too, as it would inside the forward
+        sync_gradients_on(model, index, len(micro))
+        padded = vision_sync.padded(extra_calls[index]) if vision_sync is not None else contextlib.nullcontext()
+        with _autocast(ctx.device), padded:  # the head runs under autocast too, as it would inside the forward
             summed, _ = chunked_token_loss_sum(model, batch)  # logits only at label positions, in chunks
         (summed / max(num_label_tokens, 1.0)).backward()
         loss_sum += float(summed.detach())
     crash_point(f"train.before_grad_all_reduce.rank{ctx.rank}")  # tests kill one rank here, the others wait
-    all_reduce_grads(model, ctx)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    if not plan.sharded:
+        all_reduce_grads(model, ctx)
+    grad_norm = clip_grad_norm(model, config.max_grad_norm)
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
@@ -460,7 +522,7 @@ def _step(
         loss_sum=loss_sum,
         num_label_tokens=num_label_tokens,
         lr=lr,
-        grad_norm=float(grad_norm),
+        grad_norm=grad_norm,
         started=started,
     )
 

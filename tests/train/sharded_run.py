@@ -1,0 +1,153 @@
+"""Run `train hf`'s own step on fixed micro-batches: one process, or ranks under torch.multiprocessing.
+
+A `RunSpec` names a model directory, the sharding and the micro-batches of every step and rank
+(``steps[s][r]`` = rank ``r``'s micro-batches of step ``s``). `run_alone` trains them in this
+process with every rank's micro-batches in turn (the same global batch, no process group);
+`run_ranks` spawns ``world_size`` gloo ranks that each train their own. Both return the step
+losses, the global gradient norms and the final weights (whole, from rank 0).
+
+The workers live here, not in a test file, so that spawned processes can import them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+
+from train.batch import PackedBatch
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    model_dir: Path
+    steps: list[list[list[PackedBatch]]]  # [step][rank][micro-batch]
+    sharding: str = "full"
+    activation_checkpointing: bool = True
+    cpu_offload: bool = False
+    node_size: int | None = None  # LOCAL_WORLD_SIZE of each rank (hybrid); default: all ranks
+    dtype: torch.dtype = torch.float64
+    lr: float = 1e-3
+    max_grad_norm: float = 1.0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.steps[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    losses: list[float]
+    grad_norms: list[float]
+    label_tokens: list[int]
+    weights: dict[str, torch.Tensor]
+    local_numel: int  # rank 0's parameter elements (its shards when sharded)
+    local_state_numel: int  # rank 0's AdamW state elements (exp_avg + exp_avg_sq)
+    shapes: list[tuple[int, ...]]  # every parameter's whole shape, each shared parameter once
+
+
+def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[PackedBatch]]) -> RunResult | None:
+    from train.distributed import init_distributed
+    from train.recipes.hf import HFTrainConfig, _scheduler, _step
+    from train.sharding import full_model_state, load_sharded_model, resolve_plan
+    from train.vision_sync import VisionSync
+
+    ctx = init_distributed("cpu")
+    plan = resolve_plan(
+        ctx,
+        sharding=sharding,
+        activation_checkpointing=spec.activation_checkpointing,
+        cpu_offload=spec.cpu_offload and sharding != "none",
+    )
+    model = load_sharded_model(
+        spec.model_dir, seed=0, attn_implementation="packvlm_varlen", plan=plan, ctx=ctx, dtype=spec.dtype
+    )
+    model.train()
+    config = HFTrainConfig(
+        data=Path("-"),
+        model=spec.model_dir,
+        processor=Path("-"),
+        output=Path("-"),
+        max_steps=len(micro_of_step),
+        lr=spec.lr,
+        lr_schedule="constant",
+        max_grad_norm=spec.max_grad_norm,
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)  # a moved weight had a gradient
+    scheduler = _scheduler(optimizer, config, 0)
+    vision_sync = VisionSync(model) if plan.sharded else None
+    metrics = [
+        _step(model, optimizer, scheduler, micro, config, ctx, step, plan=plan, vision_sync=vision_sync)
+        for step, micro in enumerate(micro_of_step, start=1)
+    ]
+    weights = {k: v.clone() for k, v in full_model_state(model).items()}
+    if rank != 0:
+        return None
+    return RunResult(
+        [m.loss for m in metrics],
+        [m.grad_norm for m in metrics],
+        [m.num_label_tokens for m in metrics],
+        weights,
+        local_numel=sum(_local(p).numel() for p in model.parameters()),
+        shapes=[tuple(p.shape) for p in model.parameters()],
+        local_state_numel=sum(
+            _local(v).numel() for s in optimizer.state.values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")
+        ),
+    )
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def run_alone(spec: RunSpec) -> RunResult:
+    """Every rank's micro-batches of a step, in rank order, in this one process (sharding none)."""
+    joined = [[b for rank_micro in step for b in rank_micro] for step in spec.steps]
+    result = _train(spec, 0, "none", joined)
+    assert result is not None
+    return result
+
+
+def _worker(rank: int, spec: RunSpec, port: int, out: str) -> None:
+    world = spec.world_size
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(spec.node_size or world),
+    )
+    import torch.distributed as dist
+
+    from train.distributed import shutdown
+
+    # a collective one rank never joins fails the test in minutes instead of gloo's 30
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=240))
+    try:
+        result = _train(spec, rank, spec.sharding, [step[rank] for step in spec.steps])
+        if result is not None:
+            torch.save(result, out)
+    finally:
+        shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(spec: RunSpec) -> RunResult:
+    """``spec.world_size`` gloo ranks on this machine, each training its own micro-batches."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "result.pt")
+        mp.start_processes(_worker, args=(spec, free_port(), out), nprocs=spec.world_size, start_method="spawn")
+        return torch.load(out, weights_only=False)
