@@ -8,6 +8,7 @@ whichever transformers is installed (CI runs this on 5.24 and on 5.12.1).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from prep.example.families.base import example_families, example_family
 from prep.sources.media import LmdbPool
 from prep.tokenize.core import SampleTokenizer
 from prep.tokenize.processor import ProcessorBundle, load_processor
-from prep.tokenize.processor_path import run_processor
+from prep.tokenize.processor_path import ReferenceUnavailable, run_processor
 from schemas.dataset_config import VideoSampling
 from tests.tokenize.families.cases import conversation
 
@@ -47,8 +48,9 @@ def _received_images_kwargs(bundle: ProcessorBundle, image_path: Path) -> dict[s
     turns: list[tuple[str, list[str | Path]]] = [("user", [image_path, "Hi"]), ("assistant", ["Hello"])]
     conv = SampleTokenizer(bundle).for_template(conversation(turns, join_text_turns=True))
     image_processor.preprocess = record  # an instance attribute shadows the method for this object only
-    try:
-        run_processor(bundle, conv, VideoSampling(), LmdbPool())
+    try:  # Qwen-Omni on transformers 5.12 without torchvision fails after the image call: not what is checked
+        with contextlib.suppress(ReferenceUnavailable):
+            run_processor(bundle, conv, VideoSampling(), LmdbPool())
     finally:
         del image_processor.preprocess
     assert len(calls) == 1, calls

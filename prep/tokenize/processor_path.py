@@ -3,20 +3,31 @@
 Used two ways: as the exact (slow) path for families without a closed-form counter, and by
 ``--verify-fraction`` to check closed-form samples token for token. Images are decoded the
 way transformers' ``load_image`` does from a path (EXIF transpose, RGB), LMDB bytes included.
+
+Videos are passed as paths and decoded by the video processor's ``fetch_videos``, which in
+transformers picks torchcodec, else ``torchvision.io.read_video``: gone since torchvision 0.26,
+so transformers 5.8 - 5.12 fail inside with an AttributeError and 5.2x raise ImportError
+unless torchcodec is installed. Here every call decodes with transformers' own PyAV reader
+(``load_video(..., backend="pyav")``; PyAV is a packvlm dependency, and the one
+``prep.sources.media`` reads frame counts with), so it works on every torchvision.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+import av
 
 import numpy as np
 from PIL import Image
 from transformers import BatchFeature, ProcessorMixin
 from transformers.image_utils import load_image
+from transformers.video_utils import load_video
 
 from prep.sources.conversation import Conversation
 from prep.sources.media import LmdbPool, MediaError, read_bytes
@@ -73,6 +84,27 @@ def _require_processor(bundle: ProcessorBundle) -> ProcessorMixin:
     return bundle.processor
 
 
+def fetch_videos_with_pyav(video_url_or_urls: Any, sample_indices_fn: Callable[..., Any] | None = None) -> Any:
+    """``BaseVideoProcessor.fetch_videos`` (same arguments and results, 5.8 - 5.24) with PyAV decoding."""
+    if isinstance(video_url_or_urls, list):
+        return list(zip(*[fetch_videos_with_pyav(x, sample_indices_fn) for x in video_url_or_urls], strict=True))
+    return load_video(video_url_or_urls, backend="pyav", sample_indices_fn=sample_indices_fn)
+
+
+@contextmanager
+def _pyav_decoding(processor: ProcessorMixin) -> Iterator[None]:
+    """For the duration of one call, the processor's video processor decodes with PyAV (module docstring)."""
+    video_processor = getattr(processor, "video_processor", None)
+    if video_processor is None:
+        yield
+        return
+    video_processor.fetch_videos = fetch_videos_with_pyav  # this instance only; removed after the call
+    try:
+        yield
+    finally:
+        del video_processor.fetch_videos
+
+
 def run_processor(
     bundle: ProcessorBundle, conv: Conversation, sampling: VideoSampling, lmdb: LmdbPool, **extra: Any
 ) -> tuple[RenderedText, BatchFeature, MediaInputs]:
@@ -91,9 +123,16 @@ def run_processor(
     if bos is not None and rendered.text.startswith(bos):
         kwargs["add_special_tokens"] = False
     try:
-        out = processor(text=[rendered.text], images=media.images or None, videos=media.videos or None, **kwargs)
+        with _pyav_decoding(processor):
+            out = processor(text=[rendered.text], images=media.images or None, videos=media.videos or None, **kwargs)
+    except av.error.FFmpegError as exc:  # before ValueError: some FFmpeg errors are ValueErrors too
+        raise SampleError(Reason.BAD_VIDEO, f"video does not decode with PyAV: {exc}") from exc
     except ValueError as exc:
         raise SampleError(Reason.PROCESSOR_REJECTED, f"processor rejected the sample: {exc}") from exc
+    except AttributeError as exc:  # e.g. Qwen2.5-Omni on transformers 5.12 reads its video processor for images
+        if getattr(processor, "video_processor", ()) is None:
+            raise ReferenceUnavailable(f"{type(processor).__name__} needs its video processor (torchvision): {exc}") from exc
+        raise
     return rendered, out, media
 
 
