@@ -1,8 +1,8 @@
 """`packvlm.processor_kwargs` against what each processor really passes its image processor.
 
-Oracle: every example family's real processor (as ``prep tokenize`` loads it) expands a one-image
-conversation the way ``--verify-fraction`` calls it (`prep.tokenize.processor_path.run_processor`); the image processor's
-``preprocess`` records the kwargs it receives. The helper must return exactly those, on
+Oracle: every example family's real processor (as ``prep tokenize`` loads it) expands a
+one-image conversation the way ``--verify-fraction`` calls it (`run_processor`); the image
+processor's ``preprocess`` records the kwargs it receives. The helper must return exactly those, on
 whichever transformers is installed (CI runs this on 5.24 and on 5.12.1).
 """
 

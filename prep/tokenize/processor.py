@@ -294,7 +294,9 @@ def _image_only_processor(
     # the video slot exists from transformers 5.13 on for some classes (Idefics3): fill it only where it does
     video_slot = {"video_processor": None} if "video_processor" in inspect.signature(cls.__init__).parameters else {}
     try:
-        return ImageOnly(image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **video_slot, **settings)
+        return ImageOnly(
+            image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **video_slot, **settings
+        )
     except (TypeError, ValueError, ImportError) as exc:
         log.warning("cannot build %s without a video processor (%s); verification is off", cls_name, exc)
         return None
