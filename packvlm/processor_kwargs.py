@@ -30,7 +30,7 @@ from typing import Any
 
 from packvlm.errors import ResourceError
 
-SUPPORTED = "transformers>=5.8,<6"
+SUPPORTED = "transformers>=5.8,<5.25"  # pyproject.toml
 
 
 class ProcessorApiError(ResourceError):
