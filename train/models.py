@@ -58,10 +58,18 @@ def auto_class(config: object) -> type[AutoModelForCausalLM] | type[AutoModelFor
     return _auto_class(config)
 
 
+#: model types whose image tokens attend both ways, which flash attention drops: transformers 5.8 - 5.12
+#: still mark Gemma 3 ``_supports_flash_attn = True`` (5.2x refuse it themselves)
+BIDIRECTIONAL_IMAGE_MODEL_TYPES = frozenset({"gemma3"})
+
+
 def _packable_attention(config: object, auto_class: type, attn_implementation: str) -> str:
     """``packvlm_varlen`` for a model class that refuses flash attention (Gemma 3: its image blocks)."""
     model_class = auto_class._model_mapping.get(type(config), None)  # type: ignore[attr-defined]
-    if attn_implementation == FLASH_ATTENTION and not getattr(model_class, "_supports_flash_attn", True):
+    refuses = not getattr(model_class, "_supports_flash_attn", True)
+    if getattr(config, "model_type", None) in BIDIRECTIONAL_IMAGE_MODEL_TYPES:
+        refuses = True
+    if attn_implementation == FLASH_ATTENTION and refuses:
         log.info("%s does not support %s: using %s", model_class.__name__, FLASH_ATTENTION, PACKED_ATTENTION)
         return PACKED_ATTENTION
     return attn_implementation

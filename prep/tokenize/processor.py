@@ -14,6 +14,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -23,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import transformers
-from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, ProcessorMixin
+from transformers import AutoProcessor, AutoTokenizer, ProcessorMixin
+
+# from its module: transformers 5.8 - 5.12 export a torchvision-gated placeholder at the top level
+from transformers.models.auto.image_processing_auto import AutoImageProcessor
 from transformers.utils import IMAGE_PROCESSOR_NAME, VIDEO_PROCESSOR_NAME, cached_file, is_torchvision_available
 
 from packvlm.errors import UsageError
@@ -145,7 +149,10 @@ def load_processor(path: str) -> ProcessorBundle:
     try:
         processor = AutoProcessor.from_pretrained(path)
     except (ImportError, ValueError, TypeError, AttributeError) as exc:
-        if "torchvision" not in str(exc).lower() and "video" not in str(exc).lower():
+        # without torchvision, transformers 5.8 - 5.12 may fail inside the video auto class with
+        # an AttributeError that names neither
+        about_video = "torchvision" in str(exc).lower() or "video" in str(exc).lower()
+        if not about_video and is_torchvision_available():
             raise ProcessorLoadError(f"cannot load processor {path!r}: {exc}") from exc
         _warn_no_torchvision_once(path)
         return _load_pieces(path)
@@ -168,8 +175,8 @@ def load_processor(path: str) -> ProcessorBundle:
 def _load_pieces(path: str) -> ProcessorBundle:
     processor_dict, _ = ProcessorMixin.get_processor_dict(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
     image_config = _read_json(path, IMAGE_PROCESSOR_NAME)
+    image_processor = _pil_image_processor(path, image_config.get("image_processor_type"))
     video_config = _read_json(path, VIDEO_PROCESSOR_NAME) or image_config
     processor_class = processor_dict.get("processor_class") or image_config.get("processor_class") or ""
     template = _require_template(path, processor_dict.get("chat_template") or tokenizer.chat_template)
@@ -185,6 +192,41 @@ def _load_pieces(path: str) -> ProcessorBundle:
         loaded_via="pieces",
         processor_config=settings,
     )
+
+
+def _pil_image_processor(path: str, type_name: str | None) -> Any:
+    """The PIL image processor of ``path``.
+
+    ``AutoImageProcessor`` finds it, except on transformers 5.8 - 5.12 without torchvision: there
+    the top-level names of several PIL classes (Idefics3, SmolVLM, ...) are torchvision-gated
+    placeholders although their modules import without it, and the auto class finds no class.
+    Then the class named in transformers' image-processor mapping is imported from its module.
+    """
+    try:
+        return AutoImageProcessor.from_pretrained(path, backend="pil")
+    except (ValueError, AttributeError, ImportError) as exc:
+        cls = _pil_image_processor_class(type_name) if type_name else None
+        if cls is None:
+            raise ProcessorLoadError(f"cannot load the image processor of {path!r}: {exc}") from exc
+        return cls.from_pretrained(path)
+
+
+def _pil_image_processor_class(type_name: str) -> Any:
+    from transformers.models.auto.auto_mappings import IMAGE_PROCESSOR_MAPPING_NAMES
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    base = type_name.removesuffix("Fast").removesuffix("Pil")
+    for model_type, backends in IMAGE_PROCESSOR_MAPPING_NAMES.items():
+        pil = backends.get("pil") if isinstance(backends, dict) else None
+        if pil is None or base not in (pil.removesuffix("Pil"), backends.get("torchvision")):
+            continue
+        module_name = model_type_to_module_name(model_type)
+        try:
+            module = importlib.import_module(f"transformers.models.{module_name}.image_processing_pil_{module_name}")
+        except ImportError:
+            continue
+        return getattr(module, pil, None)
+    return None
 
 
 def _processor_settings(processor_dict: dict[str, Any]) -> dict[str, Any]:
@@ -250,13 +292,11 @@ def _image_only_processor(
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
+    # the video slot exists from transformers 5.13 on for some classes (Idefics3): fill it only where it does
+    video_slot = {"video_processor": None} if "video_processor" in inspect.signature(cls.__init__).parameters else {}
     try:
         return ImageOnly(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=None,
-            chat_template=template,
-            **settings,
+            image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **video_slot, **settings
         )
     except (TypeError, ValueError, ImportError) as exc:
         log.warning("cannot build %s without a video processor (%s); verification is off", cls_name, exc)

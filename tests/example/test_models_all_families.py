@@ -10,6 +10,7 @@ must fit the vision tower. Removing one placeholder token must make that check f
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,9 @@ def test_model_accepts_the_real_processor_output(family: str, built: dict[str, B
     config, tokenizer = model.config, bundle.tokenizer
     assert config.model_type == MODEL_TYPES[family]
     assert type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+    # the class that was built is the one config.json names (Megatron-Bridge's AutoBridge needs it)
+    written = json.loads((built[family].model_dir / "config.json").read_text())
+    assert written["architectures"] == [type(model).__name__]
     image_token_id = tokenizer.convert_tokens_to_ids(EXPANDED_IMAGE_TOKEN.get(family, bundle.processor.image_token))
     assert config.image_token_id == image_token_id
     assert config.get_text_config().vocab_size == len(tokenizer)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 from tokenizers import Tokenizer
-from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer
+from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+from transformers.models.auto.image_processing_auto import AutoImageProcessor  # not torchvision-gated (5.8 - 5.12)
 
 from prep.example.media import make_image_bytes
 from prep.example.processors import FAMILIES, build_processor_dir

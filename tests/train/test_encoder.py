@@ -22,8 +22,9 @@ from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 from megatron.energon.errors import FatalSampleError, reraise_exception
 from megatron.energon.task_encoder.base import get_stateless
 from PIL import Image, ImageOps
-from transformers import AutoConfig, AutoImageProcessor
+from transformers import AutoConfig
 from transformers.image_utils import load_image
+from transformers.models.auto.image_processing_auto import AutoImageProcessor  # not torchvision-gated (5.8 - 5.12)
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
 from packvlm.energon import PackedTaskEncoder

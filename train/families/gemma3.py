@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import transformers
 from PIL import Image
 
+from packvlm.processor_kwargs import call_images_kwargs, class_images_kwargs
 from prep.tokenize.families.gemma3 import DEFAULT_IMAGE_SEQ_LENGTH
 from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
 from train.pixels import RAW_PIXELS
@@ -48,7 +49,7 @@ class Gemma3Layout:
     image_attention: ClassVar[str] = "bidirectional"
 
     image_processor: Any
-    #: what the processor passes its image processor (``_merge_kwargs``: its class's ``images_kwargs``)
+    #: what the processor passes its image processor (`packvlm.processor_kwargs`)
     images_kwargs: dict[str, Any]
     image_token_id: int  # <image_soft_token>: the model's config.image_token_id
     image_seq_length: int  # soft tokens per tile
@@ -60,9 +61,9 @@ class Gemma3Layout:
         """From a `prep.tokenize.processor.ProcessorBundle`."""
         processor = bundle.processor
         if processor is not None:
-            merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
+            merged = call_images_kwargs(processor)
         else:
-            merged = getattr(getattr(transformers, bundle.processor_class, None), "images_kwargs", None) or {}
+            merged = class_images_kwargs(getattr(transformers, bundle.processor_class, None))
         seq = getattr(processor, "image_seq_length", None) or bundle.processor_config.get("image_seq_length")
         return cls(
             image_processor=bundle.image_processor,

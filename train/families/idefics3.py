@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import transformers
 from PIL import Image
 
+from packvlm.processor_kwargs import call_images_kwargs, class_images_kwargs
 from train.families.base import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs, register_layout
 from train.pixels import RAW_PIXELS
 
@@ -49,7 +50,7 @@ class Idefics3Layout:
     supports_video: ClassVar[bool] = False  # SmolVLM2 video: no count in prep (module docstring)
 
     image_processor: Any
-    #: what the processor passes its image processor (``_merge_kwargs``: its class's ``images_kwargs``)
+    #: what the processor passes its image processor (`packvlm.processor_kwargs`)
     images_kwargs: dict[str, Any]
     image_token_id: int
     image_seq_len: int  # <image> tokens per tile
@@ -62,9 +63,9 @@ class Idefics3Layout:
         """From a `prep.tokenize.processor.ProcessorBundle`."""
         processor = bundle.processor
         if processor is not None:
-            merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
+            merged = call_images_kwargs(processor)
         else:
-            merged = getattr(getattr(transformers, bundle.processor_class, None), "images_kwargs", None) or {}
+            merged = class_images_kwargs(getattr(transformers, bundle.processor_class, None))
         seq_len = getattr(processor, "image_seq_len", None) or bundle.processor_config.get("image_seq_len", 169)
         return cls(
             image_processor=bundle.image_processor,

@@ -7,6 +7,7 @@ from typing import Any
 
 import transformers
 
+from packvlm.processor_kwargs import call_images_kwargs, class_images_kwargs
 from prep.tokenize.processor import ProcessorBundle
 
 
@@ -23,16 +24,16 @@ def _size_limits(size: Any, raw: dict[str, Any]) -> tuple[int, int]:
 def effective_image_settings(bundle: ProcessorBundle, names: tuple[str, ...]) -> dict[str, Any]:
     """Each image setting as the image processor receives it at call time.
 
-    ``ProcessorMixin._merge_kwargs`` passes the processor class's ``images_kwargs`` defaults
-    over ``preprocessor_config.json`` (InternVL's ``crop_to_patches``, Gemma 3's pan-and-scan):
-    a merged value wins where it is set, else the loaded image processor's own attribute. When
-    the processor itself could not be built, its class's ``images_kwargs`` stand in.
+    A processor call passes its class's image defaults over ``preprocessor_config.json``
+    (InternVL's ``crop_to_patches``, Gemma 3's pan-and-scan; `packvlm.processor_kwargs`): a
+    merged value wins where it is set, else the loaded image processor's own attribute. When
+    the processor itself could not be built, its class's declared defaults stand in.
     """
     processor = bundle.processor
     if processor is not None:
-        merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
+        merged = call_images_kwargs(processor)
     else:
-        merged = getattr(getattr(transformers, bundle.processor_class, None), "images_kwargs", None) or {}
+        merged = class_images_kwargs(getattr(transformers, bundle.processor_class, None))
     image_processor = bundle.image_processor
     return {n: merged[n] if merged.get(n) is not None else getattr(image_processor, n, None) for n in names}
 

@@ -29,6 +29,7 @@ import pytest
 from PIL import Image
 from transformers.image_utils import load_image
 
+from packvlm.processor_kwargs import call_images_kwargs
 from prep.example.media import make_image_bytes, write_video
 from prep.run import LOCAL
 from prep.sources.conversation import Conversation, MediaItem
@@ -406,10 +407,9 @@ def assert_refuses_other_image_processor(counter_cls: Any, bundle: ProcessorBund
 
 
 def assert_no_processor_image_kwargs(bundle: ProcessorBundle) -> None:
-    """The processor adds no images_kwargs of its own (``ProcessorMixin._merge_kwargs``): the image
+    """The processor adds no images_kwargs of its own (`packvlm.processor_kwargs`): the image
     processor's settings rule, which is what the counter reads."""
-    processor: Any = bundle.processor
-    merged = processor._merge_kwargs(processor.valid_processor_kwargs)["images_kwargs"]
+    merged = call_images_kwargs(bundle.processor)
     assert not {"size", "min_pixels", "max_pixels", "patch_size", "merge_size"} & set(merged)
 
 

@@ -214,10 +214,13 @@ def test_mutation_continuing_positions_mixes_samples(setup: Setup, batch: Packed
 
 
 def test_mutation_dropped_tile_fails(setup: Setup, batch: PackedBatch) -> None:
-    """One tile fewer than the text's placeholders: the model's own feature count check fires."""
+    """One tile fewer than the text's placeholders: the model's own feature count check fires
+    (transformers 5.13+; 5.8 - 5.12 fail in the scatter that follows, with a torch error)."""
     vision = {k: v[:, :-1] for k, v in batch.vision_inputs().items()}
-    with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+    with pytest.raises((ValueError, RuntimeError, IndexError)) as err:
         varlen_losses(setup, dataclasses.replace(batch, vision=vision))
+    if err.type is ValueError:
+        assert "Image features and image tokens do not match" in str(err.value)
 
 
 def test_mutation_tiles_out_of_token_order_move_the_loss(setup: Setup, batch: PackedBatch) -> None:
