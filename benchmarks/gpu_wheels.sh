@@ -9,5 +9,5 @@ pip download -q --no-deps --python-version 3.12 --only-binary=:all: -d .gpuwheel
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
   megatron-energon==7.4.1 braceexpand filetype mfusepy multi-storage-client==1.3.1 rapidyaml webdataset \
   'wcmatch<11' bracex lark prettytable wcwidth xattr cffi pycparser jsonschema jsonschema-specifications referencing \
-  rpds-py opentelemetry-api importlib-metadata jmespath pyroute2 lmdb av
+  rpds-py opentelemetry-api importlib-metadata jmespath pyroute2 lmdb av deprecation jsonpointer rfc3339-validator truststore
 du -sh .gpuwheels
