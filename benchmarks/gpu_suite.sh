@@ -19,6 +19,8 @@
 #                              `train hf --help` lists them, and peak GPU memory from nvidia-smi
 #   plan.txt                   `train hf --plan` for the same shape, when the command has it
 #   summary.md, summary.json   one table of all of it, and each part's exit status
+#
+# ONLY_PARTS="env train_hf_data train_hf plan" runs only the named parts (a rerun within the device budget).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-suite-out}
@@ -35,6 +37,9 @@ STATUS="$OUT/status.tsv"
 # part NAME SECONDS CMD...: run CMD under timeout (capped by what is left of the budget); log and record rc
 part() {
   local name=$1 limit=$2; shift 2
+  if [ -n "${ONLY_PARTS:-}" ] && [[ " $ONLY_PARTS " != *" $name "* ]]; then
+    echo -e "$name\tskipped\tnot in ONLY_PARTS" >> "$STATUS"; return 0
+  fi
   local left=$((BUDGET - SECONDS - 5))
   if [ "$left" -lt 15 ]; then echo -e "$name\tskipped\tno time left" >> "$STATUS"; return 0; fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -133,7 +138,7 @@ if [ -z "${SKIP_TRAIN_HF:-}" ] && [ "$HAS_CUDA" = 1 ] && [ -n "$HELP" ] && "$PY"
     $PY -m prep.cli example $WORK/ex --family qwen2_5_vl --num-samples ${HF_SAMPLES:-600} --no-bad-rows
     $PY -m prep.cli tokenize --dataset-config $WORK/ex/dataset_info.json --processor $WORK/ex/processor \
       --output $WORK/tok --dataset chat --max-error-rate 1.0 --executor local
-    $PY -m prep.cli pack $WORK/tok --output $WORK/packed --pack-size 8192 --shard-size 2packs
+    $PY -m prep.cli pack $WORK/tok --output $WORK/packed --pack-size 8192 --shard-size 2packs --executor local
     $PY -m prep.cli energon-index $WORK/packed --split-ratio 0.8,0.2,0
     $PY benchmarks/bench_train_real.py shaped-model $CONFIG $WORK/ex/model $WORK/model"
   ( peak=0; while sleep 1; do m=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
 import logging
 import os
 import signal
@@ -149,6 +150,8 @@ def resolve_executor(config: ExecutorConfig, num_tasks: int) -> ExecutorChoice:
         return ExecutorChoice(name="local", reason=f"auto: no cluster address, {num_tasks} task")
     if cpus < AUTO_RAY_MIN_CPUS:
         return ExecutorChoice(name="local", reason=f"auto: no cluster address, {cpus} CPUs < {AUTO_RAY_MIN_CPUS}")
+    if importlib.util.find_spec("ray") is None:  # ray is a dependency, but an image may lack it
+        return ExecutorChoice(name="local", reason=f"auto: no cluster address, {cpus} CPUs, Ray not installed")
     return ExecutorChoice(name="ray", reason=f"auto: no cluster address, {cpus} CPUs: embedded Ray")
 
 
