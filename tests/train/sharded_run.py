@@ -81,7 +81,7 @@ def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[Pac
         max_grad_norm=spec.max_grad_norm,
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)  # a moved weight had a gradient
-    scheduler = _scheduler(optimizer, config, 0)
+    scheduler = _scheduler(optimizer, config)
     vision_sync = VisionSync(model) if plan.sharded else None
     metrics = [
         _step(model, optimizer, scheduler, micro, config, ctx, step, plan=plan, vision_sync=vision_sync)
