@@ -112,24 +112,30 @@ def vision_config(**overrides: Any) -> dict[str, Any]:
 
 
 def write_model_config(config: PretrainedConfig, out_dir: str | Path) -> Path:
-    """``config.json`` and ``generation_config.json`` (no weights): the same config gives the same bytes.
-
-    ``architectures`` names the class ``AutoModelForImageTextToText`` builds from the config
-    (``save_pretrained`` writes it only from a model): Megatron-Bridge's ``AutoBridge`` and other
-    loaders pick the model by it.
-    """
+    """``config.json`` and ``generation_config.json`` (no weights): the same config gives the same bytes."""
     from transformers import GenerationConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
     out_dir = Path(out_dir)
+    config = name_architecture(config)
+    config.save_pretrained(out_dir)
+    GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+    return out_dir
+
+
+def name_architecture(config: PretrainedConfig) -> PretrainedConfig:
+    """``config`` with ``architectures`` naming the class ``AutoModelForImageTextToText`` builds from it.
+
+    ``save_pretrained`` writes it only from a model; Megatron-Bridge's ``AutoBridge`` and other
+    loaders pick the model by it.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
     if not config.architectures:
         architecture = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(config.model_type)
         if architecture is None:
             raise ValueError(f"model type {config.model_type!r} has no image-text-to-text class in this transformers")
         config.architectures = [architecture]
-    config.save_pretrained(out_dir)
-    GenerationConfig.from_model_config(config).save_pretrained(out_dir)
-    return out_dir
+    return config
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +171,7 @@ def tiny_model_config(family: str, processor_dir: str | Path) -> PretrainedConfi
     Returns:
         The config; ``AutoModelForImageTextToText.from_config`` builds the model.
     """
-    return _tiny_model(family).config(read_processor_facts(processor_dir))
+    return name_architecture(_tiny_model(family).config(read_processor_facts(processor_dir)))
 
 
 def write_tiny_model(out_dir: str | Path, family: str, processor_dir: str | Path) -> Path:

@@ -45,8 +45,15 @@ def test_every_physical_line_is_a_row_and_reasons_are_valid(example: Path) -> No
     assert b"" in lines[:-1]  # the blank row
     reasons = set(expected["chat"]["errors"].values())
     # not produced by a Qwen-VL example: too_long needs --max-length, unsupported_media a family without video
-    # image_too_large: a decompression bomb, made by tests/e2e/test_hostile_inputs.py (not in the example)
-    assert {r.value for r in Reason} - reasons == {"template_error", "too_long", "unsupported_media", "image_too_large"}
+    # image_too_large: a decompression bomb, made by tests/e2e/test_hostile_inputs.py (not in the example);
+    # media_outside_root: needs --media-root (tests/e2e/test_media_root.py)
+    assert {r.value for r in Reason} - reasons == {
+        "template_error",
+        "too_long",
+        "unsupported_media",
+        "image_too_large",
+        "media_outside_root",
+    }
 
 
 def test_good_rows_reference_existing_media_with_matching_tags(example: Path) -> None:
