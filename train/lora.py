@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 LoraExport = Literal["adapter", "merged"]
 LORA_EXPORTS: tuple[LoraExport, ...] = ("adapter", "merged")
 INSTALL_HINT = "pip install 'packvlm[lora]'  (or: pip install peft)"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 class PeftMissingError(ResourceError):
