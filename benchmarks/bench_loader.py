@@ -45,9 +45,9 @@ import torch
 import transformers
 from machine import cpu_model
 
+from families.qwen2_vl.processor_dir import build_processor_dir
 from prep.energon.index import index_dataset
 from prep.example.media import make_image_bytes
-from prep.example.processors import build_processor_dir
 from prep.pack.shard_cut import parse_shard_size
 from prep.pack.stage import PackConfig
 from prep.pipeline import pack_and_shard

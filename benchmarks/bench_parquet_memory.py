@@ -150,7 +150,7 @@ def main() -> None:
     ap.add_argument("--ray-workers", type=int, default=2, help="0 skips the Ray run")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    from prep.example.processors import build_processor_dir
+    from families.qwen2_vl.processor_dir import build_processor_dir
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(args.workdir).free

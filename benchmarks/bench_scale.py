@@ -136,7 +136,7 @@ def run_stage(stage: str, args: dict[str, object]) -> StageRun:
 
 
 def main() -> None:
-    from prep.example.families.base import example_family
+    from families.registry import example_family
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[2000])

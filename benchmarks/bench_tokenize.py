@@ -75,10 +75,10 @@ class PathComparison:
 
 
 def compare_paths(config_path: Path, processor_dir: Path) -> PathComparison:
+    from families.processor import load_processor
     from prep.sources.formats.sharegpt import to_conversation
     from prep.sources.records import decode_record, plan_chunks, read_chunk
     from prep.tokenize.core import SampleTokenizer
-    from prep.tokenize.processor import load_processor
     from prep.tokenize.processor_path import ReferenceUnavailable, reference_input_ids
     from schemas.dataset_config import load_dataset_config
 
@@ -193,7 +193,7 @@ def compare_executors(
 
 
 def main() -> None:
-    from prep.example.families.base import example_families, example_family
+    from families.registry import example_families, example_family
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-samples", type=int, default=200)

@@ -43,7 +43,7 @@ DEVICE = "cuda"  # `run --device cpu` is a dry run of the comparison (no kernel 
 def prepare(out: Path) -> None:
     """CPU side: truth inputs and encoded packs for every family, saved under ``out``."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.train.models
-    from prep.tokenize.processor import load_processor
+    from families.processor import load_processor
     from tests.train.models import CONVERSATIONS, Conversation, make_family, pack_samples, process
     from train.batch import PackedBatch
     from train.encoder import PackEncoder

@@ -20,7 +20,7 @@ import sys
 from tqdm import tqdm
 
 #: top-level packages whose INFO lines are part of the commands' output
-OWN_PACKAGES = ("prep", "train", "packvlm", "schemas", "benchmarks")
+OWN_PACKAGES = ("prep", "train", "families", "packvlm", "schemas", "benchmarks")
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 

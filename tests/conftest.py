@@ -15,7 +15,7 @@ FAMILIES = ("qwen2_vl", "qwen3_vl")
 
 @pytest.fixture(scope="session")
 def processor_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from prep.example.processors import build_processor_dir
+    from families.qwen2_vl.processor_dir import build_processor_dir
 
     root = tmp_path_factory.mktemp("processors")
     return {f: build_processor_dir(root / f, f) for f in FAMILIES}
@@ -23,7 +23,7 @@ def processor_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def bundles(processor_dirs: dict[str, Path]) -> dict:
-    from prep.tokenize.processor import load_processor
+    from families.processor import load_processor
 
     return {f: load_processor(str(p)) for f, p in processor_dirs.items()}
 

@@ -100,7 +100,7 @@ def test_configure_logging_leaves_a_host_programs_logging_alone():
 
 @pytest.mark.skipif(is_installed("torchvision"), reason="torchvision is installed: nothing to note")
 def test_loading_a_processor_without_torchvision_warns_nothing(processor_dirs, caplog):
-    from prep.tokenize.processor import load_processor
+    from families.processor import load_processor
 
     with caplog.at_level(logging.DEBUG):
         load_processor(str(processor_dirs["qwen2_vl"]))

@@ -50,7 +50,7 @@ def _all_subclasses(cls: type) -> set[type]:
 
 
 def test_every_error_class_has_one_kind_and_crosses_workers_with_its_class() -> None:
-    for package in ("schemas", "prep", "train", "packvlm"):
+    for package in ("schemas", "prep", "train", "families", "packvlm"):
         for info in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
             importlib.import_module(info.name)
     classes = _all_subclasses(PackvlmError) - set(BASES)

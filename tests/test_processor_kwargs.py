@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from families.processor import ProcessorBundle, load_processor
+from families.registry import example_families, example_family
 from packvlm.processor_kwargs import ProcessorApiError, call_images_kwargs, class_images_kwargs
-from prep.example.families.base import example_families, example_family
 from prep.sources.media import LmdbPool
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.processor import ProcessorBundle, load_processor
 from prep.tokenize.processor_path import ReferenceUnavailable, run_processor
 from schemas.dataset_config import VideoSampling
 from tests.tokenize.families.cases import conversation

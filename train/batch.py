@@ -31,7 +31,7 @@ Pixtral / Mistral 3, InternVL, Idefics3 / SmolVLM, Gemma 3): restarting per slot
 packing they need.
 
 ``vision`` holds the keyword arguments of the family's model ``forward`` for the media of the
-whole row, in token order, as its `train.families` layout declares them, e.g.::
+whole row, in token order, as its family layout (`families/<name>/layout.py`) declares them, e.g.::
 
     Qwen2/2.5/3-VL, GLM, Omni  pixel_values [patches, C*t*p*p], image_grid_thw [N, 3],
                                pixel_values_videos, video_grid_thw, second_per_grid_ts
@@ -69,7 +69,8 @@ from typing import Any
 
 import torch
 
-from train.families.base import Join, VisionValue, join_fields
+from families.layout import Join
+from train.join import VisionValue, join_fields
 from train.pixels import PackedPixels, vision_inputs
 
 IGNORE_INDEX = -100  # label of tokens that carry no loss (torch / HF cross-entropy default)

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import yaml
 
+from families.processor import ProcessorBundle
+from families.registry import find_layout
 from packvlm.errors import UsageError
 from prep.energon.index import DATASET_YAML, META_DIR, EnergonIndexError, read_index, read_packed_dir
-from prep.tokenize.processor import ProcessorBundle
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import ManifestError, ManifestVersionError, PackManifest
 from schemas.packed import (
@@ -41,7 +42,6 @@ from schemas.packed import (
     check_shard_files,
 )
 from train.context_parallel import padding_problem
-from train.families.base import find_layout
 from train.identity import (
     IdentityMismatch,
     ModelConfigSource,
@@ -130,7 +130,7 @@ def _check_format(root: Path, first_shard: str) -> None:
 
 
 def _load_processor(processor: str) -> ProcessorBundle:
-    from prep.tokenize.processor import ProcessorLoadError
+    from families.processor import ProcessorLoadError
 
     try:
         return load_processor_once(str(processor))
@@ -186,7 +186,7 @@ def tokenized_processor_class(manifest: PackManifest) -> str | None:
 def _check_attention(manifest: PackManifest) -> None:
     """Refuse data whose image-block attention the family's training layout does not apply exactly.
 
-    The counter records it (``image_attention``); the layout (`train.families`) declares the rule
+    The counter records it (``image_attention``); the layout (`families/<name>/layout.py`) declares the rule
     its packed rows carry: causal by default, "bidirectional" for Gemma 3 (image blocks in the
     batch, `train.block_attention`). Any other pairing would train with the wrong mask.
     """

@@ -5,7 +5,7 @@ Hooks in Energon's call order (all stateless, so a restored loader replays them 
 1. ``cook_crude_sample`` - the shipped cooker (`packvlm.energon.PACK_COOKER`, inherited from
    `packvlm.energon.PackedTaskEncoder`), raw bytes in (``decoder = None``) -> `PackedSample`.
 2. ``encode_sample`` - `PackEncoder.encode` on its `LoadedPack`: slot layout, labels, positions,
-   vision keywords (the family's `train.families` layout).
+   vision keywords (the family's layout, `families/<name>/layout.py`).
 3. ``batch`` - `train.batch.concat_batches` over Energon's ``batch_size`` = packs per micro-batch,
    joining vision keywords by the layout's ``joins``.
 4. ``encode_batch`` - identity.
@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from megatron.energon import stateless
 
+from families.layout import IMAGE, Join
 from packvlm.energon import PackedSample, PackedTaskEncoder
 from schemas.packed import LoadedPack
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
-from train.families.base import IMAGE, Join
 from train.identity import ModelConfigSource, load_model_config, load_processor_once
 from train.image_blocks import empty_spans, image_block_spans
 from train.media import MediaProcessor, PackEncodeError, PixelWire

@@ -4,7 +4,7 @@ Three mismatches used to surface only as a crash (or worse, silence) deep inside
 
 1. **Processor settings.** `prep tokenize` recorded its processor's identity in the manifest:
    the class *and* a sha256 over everything that shapes token ids (tokenizer, chat template,
-   image / video settings; `prep.tokenize.processor.ProcessorBundle.identity`). A processor of
+   image / video settings; `families.processor.ProcessorBundle.identity`). A processor of
    the same class with other pixel limits counts other tokens, so the identity, not the class
    name, is compared.
 2. **Model family.** The model's config must be one that takes this processor's inputs:
@@ -28,10 +28,10 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from families.layout import IMAGE, VIDEO
+from families.processor import ProcessorBundle, load_processor
 from packvlm.errors import UsageError
-from prep.tokenize.processor import ProcessorBundle, load_processor
 from schemas.manifest import ProcessorIdentity
-from train.families.base import IMAGE, VIDEO
 
 #: config attribute -> which placeholder it names (transformers uses both spellings)
 TOKEN_ID_FIELDS = {
@@ -64,7 +64,7 @@ class IdentityMismatch(UsageError, ValueError):
 
 @functools.cache
 def load_processor_once(path: str) -> ProcessorBundle:
-    """`prep.tokenize.processor.load_processor`, once per process and path."""
+    """`families.processor.load_processor`, once per process and path."""
     return load_processor(path)
 
 

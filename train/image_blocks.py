@@ -10,7 +10,7 @@ in the slot is the k-th tile of the sample's items, in order. That is exact beca
 
 * the soft token is a special added token that only the counter's expansion emits, each tile
   as ``<start_of_image>`` + ``image_seq_length`` soft tokens + ``<end_of_image>`` spliced as
-  text and tokenized whole (`prep.tokenize.families.gemma3`), so each tile is exactly one
+  text and tokenized whole (`families.gemma3.counter`), so each tile is exactly one
   maximal run and two tiles never touch;
 * the runs must match the plan one to one: their count is the sample's total ``num_tiles``
   and each run's length the item's ``num_tokens / num_tiles``, else `PlanMismatchError`

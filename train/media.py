@@ -10,7 +10,7 @@ by default (it needs system FFmpeg); torchcodec's RGB conversion is not checked 
 bit-identical to PyAV's. `tests/train/test_video.py` checks this path against the real
 processors (needs torchvision).
 
-What happens to the decoded media is the family's business: its `train.families` layout runs
+What happens to the decoded media is the family's business: its layout (``families/<name>/layout.py``) runs
 the family's image / video processor one sample at a time and says how each vision keyword
 joins (``pixel_values``, ``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``, ...).
 For every item, what the processor made of it (grid, tiles, placeholder tokens) must equal
@@ -40,19 +40,14 @@ import torch
 from PIL import Image
 from transformers.image_utils import load_image
 
+from families.layout import DecodedVideo, FamilyLayout, ItemInputs, SampleInputs
+from families.processor import ProcessorBundle
+from families.registry import find_layout
 from packvlm.errors import DataBudgetError
 from packvlm.image_header import DECODE_LIMIT_PIXELS, ImageTooLarge, open_image_checked, pil_pixel_limit
 from packvlm.optional import MissingPackageError, missing_package_message
 from schemas.packed import PackedMediaItem
-from train.families.base import (
-    DecodedVideo,
-    FamilyLayout,
-    ItemInputs,
-    SampleInputs,
-    VisionValue,
-    find_layout,
-    join_fields,
-)
+from train.join import VisionValue, join_fields
 from train.pixels import PADDING_MASK, PIXEL_KEYWORDS, PackedPixels, RawPixelsError, normalization_table, vision_inputs
 
 
@@ -202,7 +197,7 @@ class PackVision:
 
 
 class NoTrainingLayout(PackEncodeError):
-    """The data's processor class has no `train.families` layout: this family cannot train here."""
+    """The data's processor class has no family layout (`families.registry`): this family cannot train here."""
 
 
 #: how image pixels leave a loader worker: "uint8" (`train.pixels.PackedPixels`, normalised in the
@@ -219,8 +214,8 @@ class MediaProcessor:
     table: torch.Tensor | None  # `train.pixels.normalization_table` for "uint8"; None for "float32"
 
     @classmethod
-    def from_bundle(cls, bundle: Any, pixels: PixelWire = "uint8") -> MediaProcessor:
-        """From a `prep.tokenize.processor.ProcessorBundle`: the layout registered for its class.
+    def from_bundle(cls, bundle: ProcessorBundle, pixels: PixelWire = "uint8") -> MediaProcessor:
+        """From the loaded processor: the layout its family registers for its class.
 
         With ``pixels="uint8"`` the processor's float pixels and the table's are compared once,
         on a probe image, before any pack: a processor that does not fit `train.pixels` fails here.
@@ -228,7 +223,7 @@ class MediaProcessor:
         layout_class = find_layout(bundle.processor_class)
         if layout_class is None:
             raise NoTrainingLayout(
-                f"{bundle.source}: no training layout for {bundle.processor_class} (train.families); "
+                f"{bundle.source}: no training layout for {bundle.processor_class} (families.registry); "
                 "packvlm cannot build this family's vision inputs"
             )
         layout: Any = layout_class.from_bundle(bundle)
@@ -243,7 +238,7 @@ class MediaProcessor:
         """Raise `RawPixelsError` unless 8-bit pixels + table give the processor's float pixels bit for bit."""
         probe = Image.fromarray(np.random.default_rng(0).integers(0, 256, (PROBE_HEIGHT, PROBE_WIDTH, 3), np.uint8))
         want = vision_inputs(float_layout.sample_inputs([probe], []).items[0].tensors)
-        got = vision_inputs(self._packed(self.layout.sample_inputs([probe], []).items[0]).tensors)
+        got = vision_inputs(self._packed(self.layout.sample_inputs([probe], []).items[0].tensors))
         for key in PIXEL_KEYWORDS:
             if key in want and not torch.equal(got[key], want[key]):
                 raise RawPixelsError(
@@ -251,17 +246,17 @@ class MediaProcessor:
                     "processor's own float output on a probe image; train with --pixels float32"
                 )
 
-    def _packed(self, item: ItemInputs) -> ItemInputs:
-        """``item`` with its pixel keywords as `PackedPixels` (``table`` set), else as it is."""
+    def _packed(self, item: Mapping[str, torch.Tensor]) -> dict[str, VisionValue]:
+        """An item's keywords with its pixel keywords as `PackedPixels` (``table`` set), else as they are."""
+        tensors: dict[str, VisionValue] = dict(item)
         if self.table is None:
-            return item
-        tensors = dict(item.tensors)
-        mask = tensors.get(PADDING_MASK)
+            return tensors
+        mask = item.get(PADDING_MASK)
         for key in PIXEL_KEYWORDS:
-            value = tensors.get(key)
-            if isinstance(value, torch.Tensor):
-                tensors[key] = PackedPixels.of(value, self.table, mask if isinstance(mask, torch.Tensor) else None)
-        return replace(item, tensors=tensors)
+            value = item.get(key)
+            if value is not None:
+                tensors[key] = PackedPixels.of(value, self.table, mask)
+        return tensors
 
     def process(
         self, pack_key: str, media: Sequence[PackedMediaItem], sample_ids: Sequence[str], num_samples: int
@@ -276,7 +271,7 @@ class MediaProcessor:
         for sample in range(num_samples):
             mine = [m for m in media if m.meta.sample == sample]
             got = self._sample(pack_key, mine, sample_ids) if mine else SampleInputs()
-            own: list[Mapping[str, VisionValue]] = [*(i.tensors for i in got.items), got.tensors]
+            own: list[Mapping[str, VisionValue]] = [*(self._packed(i.tensors) for i in got.items), got.tensors]
             parts += own
             small = join_fields(self.layout.joins, [without_pixels(t) for t in own])
             samples.append(cast(dict[str, torch.Tensor], small))  # tensors in, tensors out
@@ -308,4 +303,4 @@ class MediaProcessor:
             raise PackEncodeError(f"{origins[0]}: the layout returned {len(got.items)} items for {len(origins)}")
         for stored, origin, item in zip((*images, *videos), origins, got.items):
             check_plan(origin, stored, item)
-        return replace(got, items=tuple(self._packed(item) for item in got.items))
+        return got

@@ -26,16 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import torch
 
+from families.layout import RAW_PIXELS
 from packvlm.errors import UsageError
 
-#: image-processor keywords that switch off the per-value step (kept: resize, crops, tiles, padding)
-RAW_PIXELS: Mapping[str, bool] = MappingProxyType({"do_rescale": False, "do_normalize": False})
 #: the vision keywords that hold pixels (what `PackedPixels` may stand for)
 PIXEL_KEYWORDS = ("pixel_values",)
 #: the transformers keyword whose zeros mark padding an image processor added (Idefics3 / SmolVLM)

@@ -12,7 +12,7 @@ results are laid out slot by slot. Layout for a VL model (``[4, 1, T]``)::
 where pad tokens continue from the sample's largest rope position ``m`` (what transformers'
 ``rope_deltas`` would give the next token). Families with 1-D rotary positions (LLaVA,
 Pixtral / Mistral 3, InternVL, Idefics3, Gemma 3, text-only models) get ``[1, T]``: row 0
-alone. Which rule a family follows is its `train.families` layout's ``rope``; the arguments of
+alone. Which rule a family follows is its layout's ``rope`` (`families/<name>/layout.py`); the arguments of
 ``get_rope_index`` are bound by the installed signature (the Omni thinkers' differs).
 
 ``get_rope_index`` reads only the config (merge size, tokens per second), never a weight, so

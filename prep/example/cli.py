@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
+from families.registry import example_families
 from prep.example.dataset import write_example_dataset
-from prep.example.families.base import example_families
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Layout of ``write_example_dataset(out)``::
 
     out/dataset_info.json     two datasets, format of schemas.dataset_config
     out/expected.json         oracle: rows per file, error reason per bad row, named rows
-    out/processor/            the family's example processor (prep.example.families)
+    out/processor/            the family's example processor (`families` examples)
     out/model/config.json     tiny random-init model config matching the processor (model.py)
     out/media/*.jpg|png       media.write_image_files
     out/media/images.lmdb/    encoded images under utf-8 keys, referenced "images.lmdb::KEY"
@@ -28,7 +28,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from prep.example.families.base import example_family
+from families.registry import example_family
 from prep.example.media import (
     garbage_bytes,
     make_image_bytes,
@@ -130,7 +130,7 @@ def write_example_dataset(
             "sharegpt_json" gets ``max(1, num_samples // 4)`` good records.
         seed: Seed of the filler rows; media and processor do not depend on it.
         with_bad_rows: Interleave one bad row per failure reason (see ``expected.json``).
-        family: Example family (:mod:`prep.example.families`) for ``processor/`` and, where
+        family: Example family (``families/<name>/example.py``, `families.registry`) for ``processor/`` and, where
             ``train`` runs it, ``model/``.
 
     Returns:

@@ -11,11 +11,11 @@ function definitions, passed to the template as ``apply_chat_template(tools=...)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from schemas.media import MediaKind
 from schemas.media_ref import MediaRef
 
-MediaKind = Literal["image", "video"]
 Message = dict[str, Any]  # {"role": ..., "content": str | list of content parts}: apply_chat_template's input
 
 

@@ -32,6 +32,7 @@ from PIL import UnidentifiedImageError
 
 from packvlm.image_header import DECODE_LIMIT_PIXELS, ImageTooLarge, read_image_header
 from schemas.dataset_config import ConfigError
+from schemas.media import VideoMeta
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
 
@@ -56,20 +57,6 @@ class ImageHeader:
     width: int  # after EXIF orientation
     height: int
     num_bytes: int  # the file, or the LMDB value
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class VideoMeta:
-    """Container metadata the processor's frame sampling depends on."""
-
-    num_frames: int
-    fps: float
-    width: int
-    height: int
-
-    @property
-    def duration_s(self) -> float:
-        return self.num_frames / self.fps
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

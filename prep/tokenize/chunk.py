@@ -14,15 +14,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from families.counter import MediaCount
 from packvlm.errors import InternalError
+from packvlm.sample_error import SampleError
 from packvlm.secrets import redact
 from prep.sources.conversation import Conversation
 from prep.sources.errors import RecordError
 from prep.sources.formats.base import reader_for
 from prep.sources.records import Chunk
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
-from prep.tokenize.families.base import MediaCount
 from prep.tokenize.processor_path import ReferenceUnavailable, reference_input_ids
 from prep.tokenize.sample import TokenizedSample
 from schemas.dataset_config import DatasetSpec

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from packvlm.sample_error import SampleError
 from prep.sources.conversation import Message
-from prep.tokenize.errors import SampleError
 from prep.tokenize.template import render
 
 _USER, _REPLY = "probe question zq", "probe answer zq"

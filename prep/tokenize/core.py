@@ -21,6 +21,10 @@ from dataclasses import replace
 import numpy as np
 import numpy.typing as npt
 
+from families.counter import MediaCount, MediaCounter, MediaRejected
+from families.processor import ProcessorBundle
+from families.registry import find_counter
+from packvlm.sample_error import SampleError
 from prep.sources.conversation import Conversation, MediaKind
 from prep.sources.media import (
     DECODE_LIMIT_PIXELS,
@@ -31,10 +35,7 @@ from prep.sources.media import (
     video_header,
 )
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
-from prep.tokenize.errors import SampleError
 from prep.tokenize.expansion import expand_placeholders
-from prep.tokenize.families.base import MediaCount, MediaCounter, MediaRejected, find_counter
-from prep.tokenize.processor import ProcessorBundle
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
 from prep.tokenize.sample import TokenizedSample
 from prep.tokenize.template import render_with_spans, tokenize_rendered

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from prep.tokenize.errors import SampleError
+from packvlm.sample_error import SampleError
 from prep.tokenize.template import RenderedText
 from schemas.reasons import Reason
 

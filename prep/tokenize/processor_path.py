@@ -31,11 +31,12 @@ from transformers.image_utils import load_image
 from transformers.processing_utils import ProcessingKwargs
 from transformers.video_utils import load_video
 
+from families.counter import MediaCount
+from families.processor import ProcessorBundle
+from families.registry import find_counter
+from packvlm.sample_error import SampleError
 from prep.sources.conversation import Conversation
 from prep.sources.media import LmdbPool, MediaError, read_bytes
-from prep.tokenize.errors import SampleError
-from prep.tokenize.families.base import MediaCount, find_counter
-from prep.tokenize.processor import ProcessorBundle
 from prep.tokenize.sample import TokenizedSample
 from prep.tokenize.template import RenderedText, render_with_spans
 from schemas.dataset_config import VideoSampling

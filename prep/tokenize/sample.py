@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from prep.tokenize.families.base import MediaCount
+from families.counter import MediaCount
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

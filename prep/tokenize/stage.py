@@ -89,8 +89,8 @@ class TokenizeWorker:
     """Built once per process/actor from JSON-safe kwargs; tokenizes whole chunks into parts."""
 
     def __init__(self, config_json: str, specs_json: str) -> None:
+        from families.processor import load_processor
         from prep.tokenize.core import SampleTokenizer
-        from prep.tokenize.processor import load_processor
 
         config = json.loads(config_json)
         self.out = Path(config["output_dir"])
@@ -274,8 +274,8 @@ def check_error_budget(manifest: TokenizeManifest, max_error_rate: float, out: P
 
 def _processor_identity(path: str) -> ProcessorIdentity:
     """Load the processor once here, so a wrong ``--processor`` is one message before any output."""
-    from prep.tokenize.families.base import counter_image_attention
-    from prep.tokenize.processor import ProcessorLoadError, load_processor
+    from families.processor import ProcessorLoadError, load_processor
+    from families.registry import counter_image_attention
 
     try:
         raw = load_processor(path).identity()

@@ -38,7 +38,7 @@ import numpy.typing as npt
 from jinja2 import nodes
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
-from prep.tokenize.errors import SampleError
+from packvlm.sample_error import SampleError
 from schemas.reasons import Reason
 
 

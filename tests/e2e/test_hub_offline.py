@@ -62,7 +62,7 @@ def test_a_local_directory_never_touches_the_hub(example_dir, tmp_path, monkeypa
     """The probe is for hub ids only: a processor directory loads with the hub unreachable."""
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", _closed_port())
-    from prep.tokenize.processor import load_processor
+    from families.processor import load_processor
 
     bundle = load_processor(spelling.format(p=example_dir / "processor"))
     assert bundle.processor_class

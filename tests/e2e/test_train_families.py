@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from families.registry import example_families
 from prep.cli import main as prep_main
-from prep.example.families.base import example_families
 from schemas.packed import pack_key, read_packed_output
 from schemas.train import METRICS_FILE
 from train.cli import main as train_main

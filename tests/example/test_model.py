@@ -12,8 +12,8 @@ import pytest
 from transformers import AutoConfig, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
+from families.qwen2_vl.processor_dir import FAMILIES, build_processor_dir
 from prep.example.model import tiny_model_config, write_tiny_model
-from prep.example.processors import FAMILIES, build_processor_dir
 
 TOKENS = {
     "image_token_id": "<|image_pad|>",

@@ -16,9 +16,9 @@ from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 from transformers.models.auto.image_processing_auto import AutoImageProcessor  # not torchvision-gated (5.8 - 5.12)
 
+from families.example.tokenizer import QWEN3_EXTRA_TOKENS, SPECIAL_TOKENS
+from families.qwen2_vl.processor_dir import FAMILIES, build_processor_dir
 from prep.example.media import make_image_bytes
-from prep.example.processors import FAMILIES, build_processor_dir
-from prep.example.tokenizer import QWEN3_EXTRA_TOKENS, SPECIAL_TOKENS
 
 TEXTS = [
     "Hello, world! 12345 + 67 = 12412",

@@ -91,7 +91,7 @@ def _config(root: Path, entry: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def processor(tmp_path_factory) -> Path:
-    from prep.example.processors import build_processor_dir
+    from families.qwen2_vl.processor_dir import build_processor_dir
 
     return build_processor_dir(tmp_path_factory.mktemp("proc") / "qwen2_vl", "qwen2_vl")
 

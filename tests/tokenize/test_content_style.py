@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prep.example.families.base import example_family
+from families.processor import load_processor
+from families.registry import example_family
 from prep.sources.conversation import Conversation, MediaItem
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.processor import load_processor
 from schemas.dataset_config import VideoSampling
 from schemas.media_ref import MediaRef
 

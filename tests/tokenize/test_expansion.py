@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from prep.example.processors import build_processor_dir
-from prep.tokenize.errors import SampleError
+from families.qwen2_vl.processor_dir import build_processor_dir
+from packvlm.sample_error import SampleError
 from prep.tokenize.expansion import expand_placeholders
 from prep.tokenize.template import RenderedText, tokenize_rendered
 from schemas.reasons import Reason

@@ -16,11 +16,11 @@ from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 from transformers.video_utils import VideoMetadata
 
-from prep.sources.media import VideoMeta
-from prep.tokenize.families.base import MediaRejected
-from prep.tokenize.families.qwen2_vl import Qwen2VLCounter
-from prep.tokenize.families.qwen3_vl import Qwen3VLCounter
+from families.counter import MediaRejected
+from families.qwen2_vl.counter import Qwen2VLCounter
+from families.qwen3_vl.counter import Qwen3VLCounter
 from schemas.dataset_config import VideoSampling
+from schemas.media import VideoMeta
 from tests.tokenize.hf_video_reference import load_qwen2_video_module
 
 IMAGE_SIZES = [

@@ -21,13 +21,13 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
+from families.processor import ProcessorBundle
+from packvlm.sample_error import SampleError
 from prep.cli import main
 from prep.sources.conversation import Conversation
 from prep.sources.formats.base import reader_for
 from prep.sources.records import plan_chunks
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
-from prep.tokenize.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling, load_dataset_config
 from schemas.layout import SAMPLES_DIR
 from schemas.reasons import Reason

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prep.example.families.base import example_family
+from families.processor import load_processor
+from families.registry import example_family
 from prep.sources.media import LmdbPool
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.processor import load_processor
 from prep.tokenize.processor_path import (
     REPLACEMENT_OFFSETS,
     ReferenceUnavailable,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from families.qwen2_vl.processor_dir import build_processor_dir
 from prep.cli import main
 from prep.example.dataset import write_example_dataset
-from prep.example.processors import build_processor_dir
 from schemas.layout import MANIFEST_FILE, RUN_FILE
 
 

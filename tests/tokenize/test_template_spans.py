@@ -23,11 +23,11 @@ from transformers import ProcessorMixin
 from transformers.image_utils import load_image
 from transformers.models.smolvlm import processing_smolvlm
 
-from prep.example.families.base import example_families, example_family
+from families.processor import ProcessorBundle, load_processor
+from families.registry import example_families, example_family
+from packvlm.sample_error import SampleError
 from prep.sources.conversation import Conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
-from prep.tokenize.processor import ProcessorBundle, load_processor
 from prep.tokenize.template import render, render_with_spans
 from schemas.dataset_config import VideoSampling
 from schemas.reasons import Reason

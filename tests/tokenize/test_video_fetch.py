@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from packvlm.sample_error import SampleError
 from prep.example.media import write_corrupt_video, write_video
 from prep.sources.media import video_meta
-from prep.tokenize.errors import SampleError
 from prep.tokenize.processor_path import fetch_videos_with_pyav
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason

@@ -23,10 +23,9 @@ from PIL import Image
 from transformers import PreTrainedModel
 from transformers.image_utils import load_image
 
-from prep.example.families.base import example_family
+from families.processor import ProcessorBundle, load_processor
+from families.registry import example_family, find_counter
 from prep.example.media import make_image_bytes
-from prep.tokenize.families.base import find_counter
-from prep.tokenize.processor import ProcessorBundle, load_processor
 from schemas.packed import LoadedPack, PackedMedia, PackedMediaItem, PackedSampleMeta, PackMeta
 from train.batch import IGNORE_INDEX
 from train.loss import per_token_losses, token_loss_sum
@@ -238,7 +237,7 @@ def pack_samples(
     """The `LoadedPack` the cooker would give for these samples (what `prep pack` stores).
 
     Each image's stored grid / tiles / tokens come from the family's closed-form counter
-    (`prep.tokenize.families`), as `prep tokenize` computes them.
+    (`families/<name>/counter.py`), as `prep tokenize` computes them.
     """
     bundle = load_processor(str(processor_dir))
     media = []

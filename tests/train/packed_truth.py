@@ -25,7 +25,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from prep.tokenize.processor import load_processor
+from families.processor import load_processor
 from schemas.packed import LoadedPack
 from tests.train.models import (
     Conversation,

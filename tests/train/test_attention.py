@@ -10,8 +10,8 @@ from PIL import Image
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from families.processor import load_processor
 from prep.example.media import make_image_bytes
-from prep.tokenize.processor import load_processor
 from tests.train.models import FAMILIES, make_family, tiny_model
 from train.attention import (
     PACKED_ATTENTION,

@@ -34,7 +34,7 @@ from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-from prep.tokenize.processor import load_processor
+from families.processor import load_processor
 from tests.shards.oracles import tokenized_rows
 from tests.train.models import CONVERSATIONS, make_family, pack_samples, process
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches

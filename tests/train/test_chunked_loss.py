@@ -31,8 +31,8 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, CohereConfig, Gemma2Config
 
-from prep.example.families.base import example_families, example_family
-from prep.tokenize.processor import load_processor
+from families.processor import load_processor
+from families.registry import example_families, example_family
 from tests.train.models import CONVERSATIONS, FAMILIES, grads_of, make_family, pack_samples, process, tiny_model
 from train import chunked_loss
 from train.attention import PACKED_ATTENTION

@@ -27,6 +27,7 @@ from transformers.image_utils import load_image
 from transformers.models.auto.image_processing_auto import AutoImageProcessor  # not torchvision-gated (5.8 - 5.12)
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
+from families.qwen2_vl.layout import GridLayout
 from packvlm.energon import PackedTaskEncoder
 from packvlm.errors import ExitCode
 from prep.sources.media import video_meta
@@ -35,7 +36,6 @@ from schemas.packed import LoadedPack
 from tests.shards.oracles import original_bytes, tokenized_rows
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.encoder import PackedBatchTaskEncoder, PackEncoder
-from train.families.qwen2_vl import GridLayout
 from train.media import GridMismatchError, MediaOrigin, VideoPackageMissing, decode_image, decode_video_frames
 from train.rope import RopeIndex
 

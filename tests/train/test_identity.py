@@ -16,10 +16,9 @@ import pytest
 from click.testing import CliRunner
 from transformers import AutoConfig
 
-from prep.example.families.base import example_families, example_family
+from families.registry import example_families, example_family, find_layout
 from prep.example.model import write_tiny_model
 from train.cli import main
-from train.families.base import find_layout
 from train.identity import IdentityMismatch, check_model_matches_data, expected_processors, load_processor_once
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from families.gemma3.layout import Gemma3Layout
 from prep.energon.index import index_dataset
 from prep.example.dataset import write_example_dataset
 from prep.run import LOCAL
@@ -21,7 +22,6 @@ from schemas.layout import MANIFEST_FILE
 from schemas.manifest import PackManifest, TokenizeManifest, read_manifest
 from tests.shards.oracles import pack
 from train.dataset import TrainConfigError, open_packed_dataset
-from train.families.gemma3 import Gemma3Layout
 
 
 def _packed(tmp_path: Path, family: str) -> Path:

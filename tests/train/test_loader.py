@@ -16,11 +16,11 @@ import pytest
 import torch
 import yaml
 
+from families.qwen2_vl.layout import GridLayout
 from schemas.manifest import PackManifest
 from schemas.packed import PACKED_SCHEMA_VERSION
 from train.batch import PackedBatch, concat_batches
 from train.dataset import TrainConfigError, open_packed_dataset
-from train.families.qwen2_vl import GridLayout
 from train.loader import LoaderConfig, loader_state, make_loader, restore_loader
 from train.pixels import PackedPixels
 

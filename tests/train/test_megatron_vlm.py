@@ -164,7 +164,7 @@ class FamilySetup:
 def family(request, tmp_path_factory) -> FamilySetup:
     torch.manual_seed(0)
     made = make_family(request.param, tmp_path_factory.mktemp(request.param))
-    from prep.tokenize.processor import load_processor
+    from families.processor import load_processor
 
     processor = load_processor(str(made.processor_dir)).processor
     conversations = CONVERSATIONS[:3]  # text-only, one image, two images
@@ -254,7 +254,7 @@ def test_mrope_rows_rotate_like_the_hf_model_through_megatron_cores_thd_rope(mon
 
     torch.manual_seed(0)
     made = make_family("qwen2_5_vl", tmp_path)
-    from prep.tokenize.processor import load_processor
+    from families.processor import load_processor
 
     processor = load_processor(str(made.processor_dir)).processor
     samples = [process(processor, c) for c in CONVERSATIONS]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import JambaConfig, Qwen2Config
 
-from prep.tokenize.processor import load_processor
+from families.processor import load_processor
 from tests.train.models import CONVERSATIONS, make_family, pack_samples, process, reference, scatter_truth
 from train.attention import prepare_model_for_packing
 from train.encoder import PackEncoder

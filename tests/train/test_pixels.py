@@ -19,9 +19,9 @@ import pytest
 import torch
 from PIL import Image
 
-from prep.example.families.base import example_families, example_family
-from prep.tokenize.processor import load_processor
-from train.families.base import find_layout, join_fields
+from families.processor import load_processor
+from families.registry import example_families, example_family, find_layout
+from train.join import join_fields
 from train.media import MediaProcessor
 from train.pixels import PackedPixels, RawPixelsError, as_uint8, frame_extents, normalization_table, vision_inputs
 
@@ -47,14 +47,13 @@ def processors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _media(processors: dict[str, Path], family: str) -> tuple[MediaProcessor, MediaProcessor]:
     bundle = load_processor(str(processors[family]))
-    if find_layout(bundle.processor_class) is None:
-        pytest.skip(f"{family}: no training layout")
+    assert find_layout(bundle.processor_class) is not None, f"{family}: no training layout (families.registry)"
     return MediaProcessor.from_bundle(bundle, "uint8"), MediaProcessor.from_bundle(bundle, "float32")
 
 
 def _items(media: MediaProcessor, images: list[Image.Image]) -> list[dict]:
     got = media.layout.sample_inputs(images, [])
-    return [media._packed(item).tensors for item in got.items]
+    return [media._packed(item.tensors) for item in got.items]
 
 
 @pytest.mark.parametrize("family", example_families())

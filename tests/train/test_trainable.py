@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from prep.example.families.base import example_families, example_family
+from families.registry import example_families, example_family
 from tests.train.models import make_family
 from train.lora import language_linear_layers, target_modules
 from train.models import load_model

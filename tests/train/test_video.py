@@ -86,8 +86,8 @@ def _packs(path: Path) -> list[LoadedPack]:
 @pytest.fixture(scope="module", params=FAMILIES)
 def packed_videos(request, example_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """(family, processor dir, tokenized rows, packs) of the example's video rows."""
+    from families.qwen2_vl.processor_dir import build_processor_dir
     from prep.energon.index import index_dataset
-    from prep.example.processors import build_processor_dir
     from prep.tokenize.stage import TokenizeConfig, run_tokenize
 
     family = request.param

@@ -42,10 +42,10 @@ import click
 import torch
 import torch.distributed as dist
 
+from families.processor import load_processor
 from packvlm.atomic import atomic_path
 from packvlm.errors import UsageError
 from prep.cli_options import default_of
-from prep.tokenize.processor import load_processor
 from schemas.train import LOG_FILE, METRICS_FILE
 from train.batch import PackedBatch
 from train.dataset import TrainConfigError

@@ -29,21 +29,21 @@ import pytest
 from PIL import Image
 from transformers.image_utils import load_image
 
+from families.counter import MediaRejected
+from families.processor import ProcessorBundle, ProcessorLoadError, load_processor
 from packvlm.processor_kwargs import call_images_kwargs
+from packvlm.sample_error import SampleError
 from prep.example.media import make_image_bytes, write_video
 from prep.run import LOCAL
 from prep.sources.conversation import Conversation, MediaItem
 from prep.sources.formats.sharegpt import to_conversation
-from prep.sources.media import VideoMeta
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.errors import SampleError
-from prep.tokenize.families.base import MediaRejected
-from prep.tokenize.processor import ProcessorBundle, ProcessorLoadError, load_processor
 from prep.tokenize.sample import TokenizedSample
 from prep.tokenize.stage import TokenizeConfig, run_tokenize
 from schemas.dataset_config import DatasetSpec, VideoSampling, load_dataset_config
 from schemas.layout import ERRORS_DIR, SAMPLES_DIR
 from schemas.manifest import TokenizeManifest
+from schemas.media import VideoMeta
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
 from schemas.tokenized import list_parts, open_part

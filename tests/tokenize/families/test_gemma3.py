@@ -1,6 +1,6 @@
 """Gemma 3: the closed form against the real ``Gemma3Processor`` + ``Gemma3ImageProcessorPil``.
 
-The processor directory is :func:`prep.example.families.gemma3.build_gemma3_processor_dir`:
+The processor directory is :func:`families.gemma3.example.build_gemma3_processor_dir`:
 settings of google/gemma-3-4b-it (896 x 896, ``image_seq_length`` 256, its chat template
 verbatim from its ``tokenizer_config.json``), a small BPE loaded by transformers'
 ``GemmaTokenizer`` (merges cross newlines, so ``"\\n\\n"`` joins its neighbours as in the real
@@ -25,12 +25,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prep.example.families.gemma3 import BOI, EOI, IMAGE_SOFT, build_gemma3_processor_dir
+from families.counter import image_attention
+from families.gemma3.counter import Gemma3Counter
+from families.gemma3.example import BOI, EOI, IMAGE_SOFT, build_gemma3_processor_dir
+from families.processor import ProcessorBundle, load_processor
+from families.registry import find_counter
 from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.families.base import find_counter, image_attention
-from prep.tokenize.families.gemma3 import Gemma3Counter
-from prep.tokenize.processor import ProcessorBundle, load_processor
 from tests.tokenize.families import cases
 
 MODES = ("pan_and_scan_off", "pan_and_scan_on")
@@ -62,12 +63,12 @@ def test_load_processor_builds_the_real_processor_on_cpu(bundles):
     counter = find_counter("Gemma3Processor")(off)
     assert isinstance(counter, Gemma3Counter)
     assert counter.image_token_id == off.processor.image_token_id == _ids(off, BOI)[0]
-    assert counter.image_seq_length == off.processor.image_seq_length == 256
+    assert counter.settings.image_seq_length == off.processor.image_seq_length == 256
     assert counter.full_image_sequence == off.processor.full_image_sequence
     assert image_attention(counter) == "bidirectional"
     # the file says null, the processor class says False / 256 / 4 / 1.2
-    assert off.image_processor.do_pan_and_scan is None and counter.pan_and_scan is None
-    pas = Gemma3Counter.from_processor(on).pan_and_scan
+    assert off.image_processor.do_pan_and_scan is None and counter.settings.pan_and_scan is None
+    pas = Gemma3Counter.from_processor(on).settings.pan_and_scan
     assert pas is not None and (pas.min_crop_size, pas.max_num_crops, pas.min_ratio_to_activate) == (256, 4, 1.2)
 
 
@@ -80,7 +81,8 @@ def test_the_file_cannot_turn_pan_and_scan_on(gemma_dir, tmp_path):
     counter = Gemma3Counter.from_processor(bundle)
     out = bundle.processor(text=[f"a{BOI}"], images=[Image.new("RGB", (1200, 400))], return_tensors="np")
     assert (
-        counter.pan_and_scan is None and out["pixel_values"].shape[0] == counter.count_image(1200, 400).num_tiles == 1
+        counter.settings.pan_and_scan is None
+        and out["pixel_values"].shape[0] == counter.count_image(1200, 400).num_tiles == 1
     )
 
 
@@ -185,7 +187,7 @@ def test_property_crops_equal_the_image_processor(bundles):
     """500 random (width, height): our crop grid equals ``Gemma3ImageProcessorPil.pan_and_scan``'s crops."""
     bundle = bundles["pan_and_scan_on"]
     counter = Gemma3Counter.from_processor(bundle)
-    pas = counter.pan_and_scan
+    pas = counter.settings.pan_and_scan
     assert pas is not None
     ip = bundle.image_processor
     seen = set()

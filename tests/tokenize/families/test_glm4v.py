@@ -1,6 +1,6 @@
 """GLM-4.1V / 4.5V / 4.6V: the closed form against the real ``Glm4vProcessor`` / ``Glm46VProcessor``.
 
-Two processor directories are built offline by :mod:`prep.example.families.glm4v`, each a small
+Two processor directories are built offline by :mod:`families.glm4v.example`, each a small
 byte-level BPE (GLM-4 split) carrying the GLM special tokens in upstream order and the image
 settings patch 14, temporal patch 2, merge 2, pixels 12544..9633792:
 
@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prep.example.families.glm4v import GLM_CHECKPOINTS, build_glm4v_dir
+from families.glm4v.counter import Glm4vCounter
+from families.glm4v.example import GLM_CHECKPOINTS, build_glm4v_dir
+from families.processor import ProcessorBundle
+from families.registry import find_counter
 from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.families.base import find_counter
-from prep.tokenize.families.glm4v import Glm4vCounter
-from prep.tokenize.processor import ProcessorBundle
 from tests.tokenize.families import cases
 
 PROCESSOR_CLASS = {name: classes[0] for name, classes in GLM_CHECKPOINTS.items()}

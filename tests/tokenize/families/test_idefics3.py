@@ -1,6 +1,6 @@
 """Idefics3 / SmolVLM / SmolVLM2: the closed form against the real processors, built offline.
 
-Processor directories come from :mod:`prep.example.families.idefics3` (a small byte-level BPE
+Processor directories come from :mod:`families.idefics3.example` (a small byte-level BPE
 with the family's added tokens, the checkpoints' ``User:<image>...<end_of_utterance>`` template):
 
 - ``idefics3``: HuggingFaceM4/Idefics3-8B-Llama3 settings, ``Idefics3Processor`` (longest edge
@@ -28,13 +28,12 @@ import transformers.models.smolvlm.processing_smolvlm as smolvlm_processing
 from PIL import Image
 from transformers import ProcessorMixin
 
-from prep.example.families.base import example_family
-from prep.example.families.idefics3 import build_idefics3_dir
+from families.idefics3.counter import Idefics3Counter
+from families.idefics3.example import build_idefics3_dir
+from families.processor import ProcessorBundle
+from families.registry import example_family, find_counter
 from prep.sources.conversation import Conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.families.base import find_counter
-from prep.tokenize.families.idefics3 import Idefics3Counter
-from prep.tokenize.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
 from tests.tokenize.families import cases
 

@@ -1,6 +1,6 @@
 """InternVL 3 / 3.5: the closed-form counter against the real ``InternVLProcessor`` offline.
 
-The processor directory is :mod:`prep.example.families.internvl`'s (``prep example --family
+The processor directory is :mod:`families.internvl.example`'s (``prep example --family
 internvl``): the example byte-level BPE plus the InternVL added
 tokens (``<img>``, ``</img>``, ``<IMG_CONTEXT>``, ``<quad>`` ... ``</box>``, ``<video>``, as
 transformers' ``convert_internvl_weights_to_hf.write_tokenizer`` adds them to the Qwen2.5
@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from prep.example.families.internvl import build_internvl_dir
+from families.internvl.counter import InternVLCounter
+from families.internvl.example import build_internvl_dir
+from families.processor import ProcessorBundle, load_processor
 from prep.sources.conversation import Conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.families.internvl import InternVLCounter
-from prep.tokenize.processor import ProcessorBundle, load_processor
 from schemas.dataset_config import VideoSampling
 from tests.tokenize.families import cases
 
@@ -60,7 +60,7 @@ def test_single_image_equals_processor(bundle, images, name):
 def test_crop_to_patches_comes_from_the_processor_class(bundle):
     assert bundle.image_processor.crop_to_patches is False  # the file says false...
     counter = InternVLCounter.from_processor(bundle)
-    assert counter.crop_to_patches is True  # ...InternVLProcessor.images_kwargs says True
+    assert counter.settings.crop_to_patches is True  # ...InternVLProcessor.images_kwargs says True
     assert counter.num_tiles(800, 600) == 13
     assert counter.count_image(800, 600).num_tokens == 13 * 256
 

@@ -1,6 +1,6 @@
 """LLaVA-OneVision / LLaVA-NeXT: the closed form against the real processors, built offline.
 
-Processor directories come from :mod:`prep.example.families.llava`:
+Processor directories come from :mod:`families.llava.example`:
 
 - ``llava_onevision``: llava-hf/llava-onevision-qwen2-0.5b-ov-hf settings (Qwen2 BPE format +
   ``<image>``/``<video>``, 36 pinpoints 384..2304, 729 features per tile, "full", anyres_max_9)
@@ -28,15 +28,16 @@ from transformers.image_processing_utils import select_best_resolution
 from transformers.image_utils import load_image
 from transformers.video_utils import VideoMetadata, default_sample_indices_fn
 
-from prep.example.families.llava import build_next_dir, build_onevision_dir
+from families.counter import MediaRejected
+from families.llava.counter import LlavaCounter
+from families.llava.example import build_next_dir, build_onevision_dir
+from families.processor import ProcessorBundle
+from families.registry import find_counter
 from prep.sources.conversation import Conversation
-from prep.sources.media import VideoMeta
 from prep.tokenize.core import SampleTokenizer, splice_media
-from prep.tokenize.families.base import MediaRejected, find_counter
-from prep.tokenize.families.llava import LlavaCounter
-from prep.tokenize.processor import ProcessorBundle
 from prep.tokenize.template import render_with_spans, tokenize_rendered
 from schemas.dataset_config import VideoSampling
+from schemas.media import VideoMeta
 from tests.tokenize.families import cases
 
 CHECKPOINTS = {"llava_onevision": build_onevision_dir, "llava_next": build_next_dir}

@@ -1,6 +1,6 @@
 """Pixtral / Mistral 3 / Ministral 3: the closed form against the real ``PixtralProcessor``.
 
-Two processor directories are built offline by :mod:`prep.example.families.pixtral` (``prep example
+Two processor directories are built offline by :mod:`families.pixtral.example` (``prep example
 --family pixtral`` / ``mistral3``), each with a small byte-level BPE that carries the
 Mistral special tokens at their real ids (``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, ``[INST]`` 3,
 ``[/INST]`` 4, ``[IMG]`` 10, ``[IMG_BREAK]`` 12, ``[IMG_END]`` 13, ...):
@@ -27,12 +27,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from prep.example.families.pixtral import CHECKPOINTS, build_processor_dir
+from families.pixtral.counter import PixtralCounter
+from families.pixtral.example import CHECKPOINTS, build_processor_dir
+from families.processor import ProcessorBundle
+from families.registry import find_counter
 from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.families.base import find_counter
-from prep.tokenize.families.pixtral import PixtralCounter
-from prep.tokenize.processor import ProcessorBundle
 from tests.tokenize.families import cases
 
 
@@ -55,7 +55,11 @@ def test_load_processor_builds_the_real_processor_on_cpu(pixtral_bundles):
         assert (bundle.processor.patch_size, bundle.processor.spatial_merge_size) == (patch, merge)
         counter = find_counter(bundle.processor_class)(bundle)
         assert isinstance(counter, PixtralCounter)
-        assert (counter.patch_size, counter.merge_size, counter.max_height) == (patch, merge, longest_edge)
+        assert (counter.settings.patch_size, counter.settings.merge_size, counter.max_height) == (
+            patch,
+            merge,
+            longest_edge,
+        )
         assert (counter.image_token_id, counter.image_break_id, counter.image_end_id) == (10, 12, 13)
     a, b = (bundle.identity()["sha256"] for bundle in pixtral_bundles.values())
     assert a != b
@@ -185,7 +189,7 @@ def test_property_grid_equals_the_image_processor(pixtral_bundles, checkpoint):
     bundle = pixtral_bundles[checkpoint]
     assert bundle.processor is not None
     counter = PixtralCounter.from_processor(bundle)
-    patch, merge = counter.patch_size, counter.merge_size
+    patch, merge = counter.settings.patch_size, counter.settings.merge_size
     for width, height in _property_sizes(random.Random(f"pixtral-{checkpoint}"), 500):
         image = Image.new("RGB", (width, height))
         call = partial(bundle.processor, text=["[IMG]"], images=[image], add_special_tokens=False, return_tensors="np")

@@ -2,8 +2,8 @@
 
 transformers 5.23 serves Qwen3.5 (``qwen3_5``, ``qwen3_5_moe``) with ``Qwen3VLProcessor`` +
 ``Qwen2VLImageProcessorPil`` + ``Qwen3_5Tokenizer``; the processor class name is Qwen3-VL's, so
-:class:`prep.tokenize.families.qwen3_vl.Qwen3VLCounter` serves it. The processor directory is
-:mod:`prep.example.families.qwen3_5`'s (``prep example --family qwen3_5``): Qwen/Qwen3.5-27B's
+:class:`families.qwen3_vl.counter.Qwen3VLCounter` serves it. The processor directory is
+:mod:`families.qwen3_vl.example`'s (``prep example --family qwen3_5``): Qwen/Qwen3.5-27B's
 processor and tokenizer classes and vision settings (patch 16, merge 2, from
 ``configuration_qwen3_5``), Qwen3-VL's pixel limits (65536..16777216) and chat template (the
 Qwen3.5 checkpoint files could not be read offline). The Qwen3.5 tokenizer's own pre-tokenizer
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from prep.example.families.qwen3_5 import build_processor_dir
+from families.processor import ProcessorBundle, load_processor
+from families.qwen3_vl.counter import Qwen3VLCounter
+from families.qwen3_vl.example import build_processor_dir
+from families.registry import find_counter
 from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.families.base import find_counter
-from prep.tokenize.families.qwen3_vl import Qwen3VLCounter
-from prep.tokenize.processor import ProcessorBundle, load_processor
 from tests.tokenize.families import cases
 
 

@@ -1,6 +1,6 @@
 """Qwen2.5-Omni / Qwen3-Omni images: the closed form against the real Omni processors.
 
-Processor directories come from :mod:`prep.example.families.qwen_omni` (the ``prep example
+Processor directories come from :mod:`families.qwen_omni.example` (the ``prep example
 --family`` builders): a small byte-level BPE with each checkpoint's special tokens in upstream
 order and its named model tokens, the image + Whisper settings of Qwen/Qwen2.5-Omni-7B (patch
 14) and Qwen/Qwen3-Omni-30B-A3B-Instruct (patch 16), both 3136..12845056 pixels. Templates:
@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from transformers.utils import is_torchvision_available
 
-from prep.example.families.qwen_omni import CHECKPOINTS, build_processor_dir
+from families.processor import ProcessorBundle
+from families.qwen_omni.counter import QwenOmniCounter
+from families.qwen_omni.example import CHECKPOINTS, build_processor_dir
+from families.registry import find_counter
 from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
-from prep.tokenize.families.base import find_counter
-from prep.tokenize.families.qwen_omni import QwenOmniCounter
-from prep.tokenize.processor import ProcessorBundle
 from tests.tokenize.families import cases
 
 FAMILIES = list(CHECKPOINTS)  # qwen2_5_omni, qwen3_omni_moe

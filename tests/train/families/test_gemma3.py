@@ -29,6 +29,8 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
+from families.gemma3.layout import Gemma3Layout
+from families.registry import find_layout
 from tests.train.models import CONVERSATIONS, Conversation, Sample, make_family
 from tests.train.packed_truth import (
     Setup,
@@ -42,8 +44,6 @@ from tests.train.packed_truth import (
 from train import block_attention
 from train.attention import PACKED_ATTENTION
 from train.batch import PackedBatch, concat_batches
-from train.families.base import find_layout
-from train.families.gemma3 import Gemma3Layout
 from train.image_blocks import token_runs
 from train.media import PlanMismatchError
 from train.models import load_model

@@ -40,8 +40,9 @@ import torch
 from PIL import Image
 from transformers import ProcessorMixin
 
-from prep.tokenize.families.base import find_counter
-from prep.tokenize.processor import load_processor
+from families.idefics3.layout import Idefics3Layout
+from families.processor import load_processor
+from families.registry import find_counter, find_layout
 from tests.train.models import Conversation, Family, make_family, scatter_truth
 from tests.train.packed_truth import (
     LARGE,
@@ -56,8 +57,6 @@ from tests.train.packed_truth import (
     varlen_losses,
 )
 from train.batch import PackedBatch, concat_batches
-from train.families.base import find_layout
-from train.families.idefics3 import Idefics3Layout
 
 FAMILIES = ("idefics3", "smolvlm")
 
@@ -186,7 +185,7 @@ def test_stored_plan_is_the_processors(setup: Setup) -> None:
     pack = setup.pack(PACK)
     layout = setup.encoder.media.layout
     assert isinstance(layout, Idefics3Layout)
-    seq_len = layout.image_seq_len
+    seq_len = layout.settings.image_seq_len
     got = [(m.meta.grid_thw, m.meta.num_tiles, m.meta.num_tokens) for m in pack.media]
     want = [((1, r, c), r * c + 1 if r else 1, seq_len * (r * c + 1 if r else 1)) for r, c in GRIDS[PACK]]
     assert [(tuple(g), t, n) for g, t, n in got] == want

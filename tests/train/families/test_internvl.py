@@ -23,6 +23,8 @@ import dataclasses
 import pytest
 import torch
 
+from families.internvl.layout import InternVLLayout
+from families.registry import find_layout
 from tests.train.models import Conversation, Sample
 from tests.train.packed_truth import (
     LARGE,
@@ -38,8 +40,6 @@ from tests.train.packed_truth import (
     varlen_losses,
 )
 from train.batch import PackedBatch, concat_batches
-from train.families.base import find_layout
-from train.families.internvl import InternVLLayout
 
 C = Conversation
 PACKS = {

@@ -22,6 +22,8 @@ import dataclasses
 import pytest
 import torch
 
+from families.pixtral.layout import PixtralLayout
+from families.registry import find_layout
 from tests.train.models import CONVERSATIONS, Conversation, Sample
 from tests.train.packed_truth import (
     LARGE,
@@ -37,8 +39,6 @@ from tests.train.packed_truth import (
     varlen_losses,
 )
 from train.batch import PackedBatch, concat_batches
-from train.families.base import find_layout
-from train.families.pixtral import PixtralLayout
 
 FAMILIES = ("pixtral", "mistral3")
 #: pack B: 1600 x 24 exceeds both longest edges (1024, 1540): downscaled; 60 x 150 is taller than pack A

@@ -1,0 +1,1 @@
+"""Gemma 3 (Gemma3Processor)."""

@@ -1,0 +1,1 @@
+"""Idefics3, SmolVLM and SmolVLM2 (Idefics3Processor, SmolVLMProcessor)."""

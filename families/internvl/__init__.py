@@ -1,0 +1,1 @@
+"""InternVL 3 / 3.5 (InternVLProcessor)."""

@@ -1,0 +1,1 @@
+"""LLaVA-NeXT and LLaVA-OneVision (LlavaNextProcessor, LlavaOnevisionProcessor)."""

@@ -1,0 +1,1 @@
+"""Pixtral and Mistral 3 (PixtralProcessor, Mistral3Processor)."""

@@ -1,0 +1,147 @@
+"""Qwen2-VL and Qwen2.5-VL: ``smart_resize`` with factor patch x merge (28).
+
+Image: grid (1, hb/14, wb/14), tokens = hb*wb / 28^2, placeholder ``<|image_pad|>`` x tokens.
+Video: frames sampled as ``Qwen2VLVideoProcessor.sample_frames`` does (only when sampling is
+requested), every frame resized with the video pixel limits, grid_t = ceil(n / 2), tokens =
+grid_t * (hb/28) * (wb/28). Qwen2.5-VL differs only in ``second_per_grid_ts``, which does not
+touch the text. Every setting is read from the loaded processor, never from class defaults,
+except where the video processor could not be loaded and its config file omits a key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+from families.counter import MediaCount, MediaRejected
+from families.processor import ProcessorBundle
+from families.settings import VideoSettings, image_pixel_limits
+from schemas.dataset_config import VideoSampling
+from schemas.media import VideoMeta
+
+# Qwen2VLVideoProcessor class attributes, used only for keys a config file leaves out
+# when the video processor itself cannot be imported (no torchvision).
+QWEN2_VIDEO_CLASS_DEFAULTS = {
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "min_frames": 4,
+    "max_frames": 768,
+    "fps": None,
+    "do_sample_frames": False,
+    "cap_pixels_per_frame": None,
+    "max_video_tokens": 128000,
+    "size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768},
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QwenImageRule:
+    """The Qwen-VL image rule (Qwen2/2.5/3-VL, Qwen3.5, Qwen2.5/3-Omni), set from the loaded image processor."""
+
+    patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+
+    @classmethod
+    def from_image_processor(cls, image_processor: Any) -> QwenImageRule:
+        min_pixels, max_pixels = image_pixel_limits(image_processor)
+        return cls(
+            patch_size=int(image_processor.patch_size),
+            merge_size=int(image_processor.merge_size),
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+        )
+
+    def count(self, width: int, height: int, token_id: int) -> MediaCount:
+        """Grid (1, hb/patch, wb/patch) and that many / merge^2 ``token_id`` placeholders."""
+        patch, merge = self.patch_size, self.merge_size
+        hb, wb = resize_grid(height, width, patch * merge, self.min_pixels, self.max_pixels)
+        gh, gw = hb // patch, wb // patch
+        n = gh * gw // merge**2
+        return MediaCount(kind="image", grid_t=1, grid_h=gh, grid_w=gw, num_tokens=n, expansion=(token_id,) * n)
+
+
+def resize_grid(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The processor's ``smart_resize``; its ValueError (aspect ratio > 200) becomes MediaRejected."""
+    try:
+        return smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    except ValueError as exc:
+        raise MediaRejected(str(exc)) from exc
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Qwen2VLCounter:
+    image_token_id: int
+    video_token_id: int
+    image: QwenImageRule
+    video: VideoSettings
+
+    @classmethod
+    def from_processor(cls, bundle: ProcessorBundle) -> Qwen2VLCounter:
+        return cls(
+            image_token_id=bundle.token_id("<|image_pad|>", "image_token"),
+            video_token_id=bundle.token_id("<|video_pad|>", "video_token"),
+            image=QwenImageRule.from_image_processor(bundle.image_processor),
+            video=VideoSettings.from_config(bundle.video_config, QWEN2_VIDEO_CLASS_DEFAULTS),
+        )
+
+    def count_image(self, width: int, height: int) -> MediaCount:
+        return self.image.count(width, height, self.image_token_id)
+
+    def sample_frames(self, meta: VideoMeta, sampling: VideoSampling) -> list[int]:
+        """``Qwen2VLVideoProcessor.sample_frames``, float32 torch arithmetic included."""
+        v = self.video
+        fps = sampling.fps if sampling.fps is not None else (v.fps if v.do_sample_frames else None)
+        total = meta.num_frames
+        if fps is None:
+            return list(range(total))
+        tps = v.temporal_patch_size
+        min_frames = sampling.min_frames if sampling.min_frames is not None else v.min_frames
+        max_frames = sampling.max_frames if sampling.max_frames is not None else v.max_frames
+        max_frames = math.floor(min(max_frames, total) / tps) * tps
+        n = total / meta.fps * fps
+        n = min(max(n, min_frames), max_frames, total)
+        n = math.floor(n / tps) * tps
+        if n <= 0 or n > total:
+            raise MediaRejected(f"video of {total} frames cannot be sampled to {n} frames")
+        return torch.arange(0, total, total / n).int().tolist()
+
+    def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
+        v = self.video
+        indices = self.sample_frames(meta, sampling)
+        n = len(indices)
+        factor = v.patch_size * v.merge_size
+        max_pixels = v.max_pixels
+        if v.cap_pixels_per_frame:
+            total_pixels = int(v.max_video_tokens * factor * factor * 0.9)
+            max_pixels = max(min(max_pixels, total_pixels * 2 // n), int(v.min_pixels * 1.05))
+        hb, wb = resize_grid(meta.height, meta.width, factor, v.min_pixels, max_pixels)
+        gt = -(-n // v.temporal_patch_size)
+        gh, gw = hb // v.patch_size, wb // v.patch_size
+        tokens = gt * gh * gw // v.merge_size**2
+        return MediaCount(
+            kind="video",
+            grid_t=gt,
+            grid_h=gh,
+            grid_w=gw,
+            num_tokens=tokens,
+            expansion=(self.video_token_id,) * tokens,
+            frame_indices=tuple(indices),
+            timestamps=tuple(i / meta.fps for i in indices),
+        )
+
+    def processor_video_kwargs(self, sampling: VideoSampling) -> dict[str, Any]:
+        if sampling.fps is None:
+            return {}
+        out: dict[str, Any] = {"fps": sampling.fps, "do_sample_frames": True}
+        if sampling.min_frames is not None:
+            out["min_frames"] = sampling.min_frames
+        if sampling.max_frames is not None:
+            out["max_frames"] = sampling.max_frames
+        return out
