@@ -60,8 +60,9 @@ class Measure:
 
 def write_model(out_dir: Path) -> Path:
     """The example's tiny Qwen2-VL config with a 152k vocabulary (config only: random init)."""
+    from families.example.model import write_model_config
     from families.qwen2_vl.processor_dir import build_processor_dir
-    from prep.example.model import tiny_model_config, write_model_config
+    from prep.example.model import tiny_model_config
 
     config = tiny_model_config("qwen2_vl", build_processor_dir(out_dir / "processor", "qwen2_vl"))
     config.text_config.vocab_size = VOCAB_SIZE

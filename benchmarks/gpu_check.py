@@ -4,7 +4,7 @@
     python benchmarks/gpu_check.py run --data .gpucheck      # on the GPU machine
 
 ``prepare`` builds, per family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL; tiny random configs of
-`prep.example.model`), the conversations of `tests.train.models` plus one larger image
+`families.example.model`), the conversations of `tests.train.models` plus one larger image
 through the *real* processor alone (the truth), packs them as `prep pack` stores them and
 encodes the pack with `train.encoder.PackEncoder` (slots unpadded and padded to 8). It saves
 the `PackedBatch` fields and the per-sample processor outputs, so the GPU machine needs

@@ -50,7 +50,7 @@ class Gemma3Layout:
     #: what the processor passes its image processor (``settings.images_kwargs``), plus tensors out
     images_kwargs: dict[str, Any]
     image_token_id: int  # <image_soft_token>: the model's config.image_token_id
-    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
     pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod

@@ -51,7 +51,7 @@ class Idefics3Layout:
     image_processor: Any
     #: what the processor passes its image processor (``settings.images_kwargs``), plus rows / cols and tensors
     images_kwargs: dict[str, Any]
-    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
     pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod

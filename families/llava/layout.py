@@ -68,7 +68,7 @@ class LlavaLayout:
     #: vision-encoder patches of one tile: OneVision's ``num_image_tokens``, else (tile // patch_size)^2 (NeXT)
     tile_features: int | None
     patch_size: int | None
-    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
     pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod

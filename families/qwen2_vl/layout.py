@@ -45,7 +45,7 @@ class GridLayout:
     temporal_patch_size: int
     #: the processor returns ``second_per_grid_ts`` (Qwen2.5-VL) for the model's rope index
     wants_second_per_grid_ts: bool
-    #: passed to every image-processor call: `train.pixels.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
     pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod

@@ -22,10 +22,11 @@ from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedMode
 from transformers.image_utils import load_image
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
+from families.example.model import TinyModel
 from families.processor import ProcessorBundle, load_processor
 from families.registry import example_families, example_family
 from prep.example.media import make_image_bytes
-from prep.example.model import TinyModel, tiny_model_config, write_tiny_model
+from prep.example.model import tiny_model_config, write_tiny_model
 from train.models import has_weights, load_model
 
 FAMILIES = example_families()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import families
+from families.example.model import TinyModel
 from families.registry import FAMILIES, Family, example_families, example_family, family_of_processor
 
 ROOT = Path(families.__file__).parent
@@ -40,7 +41,13 @@ def _face_problems(family: Family) -> list[str]:
         if cls.__module__ != f"families.{family.name}.{face}":
             out.append(f"{family.name}: {face} {name} is defined in {cls.__module__}, not in the family's folder")
         out += [f"{family.name}: {face} {name} lacks {m}" for m in methods if not callable(getattr(cls, m, None))]
-    defined = [e.name for e in getattr(family.module("example"), "EXAMPLES", ())]
+    examples = getattr(family.module("example"), "EXAMPLES", ())
+    defined = [e.name for e in examples]
+    out += [
+        f"{family.name}: example {e.name} has no tiny model"
+        for e in examples
+        if not isinstance(e.build_model, TinyModel)
+    ]
     if not family.examples:
         out.append(f"{family.name}: no example")
     if sorted(defined) != sorted(family.examples):
@@ -78,6 +85,7 @@ def test_every_family_has_every_face_and_no_key_is_claimed_twice() -> None:
         (lambda f: dataclasses.replace(f, examples=()), "no example"),
         (lambda f: dataclasses.replace(f, name="no_such_folder"), "no families/no_such_folder/counter.py"),
         (lambda f: dataclasses.replace(f, processor_classes=()), "serves no processor class"),
+        (lambda f: dataclasses.replace(f, name="gemma3"), "example.py defines ['gemma3']"),
     ],
 )
 def test_a_broken_registry_line_is_named(broken, expected: str) -> None:
@@ -122,3 +130,10 @@ def test_lookups_by_processor_class_and_example_name() -> None:
     assert counter_image_attention("NoSuchProcessor") == "causal"
     with pytest.raises(ValueError, match="choose one of"):
         example_family("no_such_example")
+
+
+def test_an_example_without_a_tiny_model_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    (gemma3,) = [f for f in FAMILIES if f.name == "gemma3"]
+    module = gemma3.module("example")
+    monkeypatch.setattr(module, "EXAMPLES", tuple(dataclasses.replace(e, build_model=None) for e in module.EXAMPLES))
+    assert "gemma3: example gemma3 has no tiny model" in problems(FAMILIES)
