@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from prep.cli_options import default_of, executor_options
+from packvlm.cli import default_of
+from prep.cli_options import executor_options
 from prep.pack.shard_cut import ShardSize, ShardSizeError, parse_shard_size
 from prep.pack.stage import OVERSIZE_POLICIES, PackConfig
 from prep.run import ExecutorConfig

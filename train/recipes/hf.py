@@ -39,9 +39,9 @@ import torch
 from tqdm import tqdm
 from transformers import get_scheduler
 
+from packvlm.cli import default_of
 from packvlm.errors import UsageError
 from packvlm.faults import crash_point
-from prep.cli_options import default_of
 from schemas.train import FINAL_DIR, LOG_FILE, METRICS_FILE
 from train.attention import select_attention
 from train.batch import PackedBatch

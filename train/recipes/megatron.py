@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 
 from packvlm.atomic import atomic_path
+from packvlm.cli import default_of
 from packvlm.errors import UsageError
-from prep.cli_options import default_of
 from prep.tokenize.processor import load_processor
 from schemas.train import LOG_FILE, METRICS_FILE
 from train.batch import PackedBatch
