@@ -27,8 +27,17 @@ from pathlib import Path
 import yaml
 
 from packvlm.errors import UsageError
-from prep.energon.index import DATASET_YAML, META_DIR, EnergonIndexError, read_index, read_packed_dir
 from prep.tokenize.processor import ProcessorBundle
+from schemas.energon import (
+    DATASET_YAML,
+    INDEX_SUFFIX,
+    INFO_JSON,
+    META_DIR,
+    SPLIT_YAML,
+    EnergonIndexError,
+    read_index,
+    read_packed_dir,
+)
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import ManifestError, ManifestVersionError, PackManifest
 from schemas.packed import (
@@ -52,9 +61,6 @@ from train.identity import (
 )
 from train.media import MediaProcessor, PackEncodeError, video_package_missing
 from train.preflight import first_video
-
-INFO_JSON = ".info.json"
-SPLIT_YAML = "split.yaml"
 
 
 class TrainConfigError(UsageError, ValueError):
@@ -100,7 +106,7 @@ def _check_index(root: Path, shards: list[str]) -> None:
     if not meta.is_dir():
         raise TrainConfigError(f"--data {root}: no {META_DIR}/ (not indexed for Energon): {fix}")
     missing = [name for name in (DATASET_YAML, SPLIT_YAML, INFO_JSON) if not (meta / name).is_file()]
-    missing += [f"{s}.idx" for s in shards if not (root / f"{s}.idx").is_file()]
+    missing += [f"{s}{INDEX_SUFFIX}" for s in shards if not (root / f"{s}{INDEX_SUFFIX}").is_file()]
     if missing:
         raise TrainConfigError(f"--data {root}: index files {missing[:5]} missing: {fix}")
 

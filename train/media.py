@@ -33,7 +33,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import torch
@@ -54,6 +54,9 @@ from train.families.base import (
     join_fields,
 )
 from train.pixels import PADDING_MASK, PIXEL_KEYWORDS, PackedPixels, RawPixelsError, normalization_table, vision_inputs
+
+if TYPE_CHECKING:  # the bundle moves with the families/ layer (issue 28 §1)
+    from prep.tokenize.processor import ProcessorBundle
 
 
 class PackEncodeError(DataBudgetError, ValueError):
@@ -219,7 +222,7 @@ class MediaProcessor:
     table: torch.Tensor | None  # `train.pixels.normalization_table` for "uint8"; None for "float32"
 
     @classmethod
-    def from_bundle(cls, bundle: Any, pixels: PixelWire = "uint8") -> MediaProcessor:
+    def from_bundle(cls, bundle: ProcessorBundle, pixels: PixelWire = "uint8") -> MediaProcessor:
         """From a `prep.tokenize.processor.ProcessorBundle`: the layout registered for its class.
 
         With ``pixels="uint8"`` the processor's float pixels and the table's are compared once,

@@ -21,7 +21,8 @@ from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 from packvlm.energon import PACK_COOKER, PackDecodeError, PackedSample, PackedTaskEncoder, cook_pack
 from prep.cli import main
 from prep.energon.blend import parse_blend, write_blend
-from prep.energon.index import EnergonIndexError, index_dataset, verify_dataset
+from prep.energon.index import index_dataset, verify_dataset
+from schemas.energon import EnergonIndexError
 from schemas.packed import PACKED_SCHEMA_VERSION, PackedOutput, read_packed_output
 from tests.shards.oracles import check_pack_against_tokenized, pack, read_packed, tokenized_dir, tokenized_rows
 

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from prep.cli import main
+from schemas import energon
 from schemas.docs import FORMATS_DOC, readme_block, render_formats
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import (
@@ -46,6 +47,16 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 def test_readme_format_reference_is_generated_from_schemas() -> None:
     assert readme_block(FORMATS_DOC.read_text(encoding="utf-8")) == render_formats(), "run `python -m schemas.docs`"
+
+
+def test_energon_names_are_energons_own() -> None:
+    """`schemas.energon` spells Energon's file names without importing Energon; they must stay its names."""
+    from megatron.energon.flavors.webdataset import config
+
+    assert energon.META_DIR == config.MAIN_FOLDER_NAME
+    assert energon.SPLIT_YAML == config.SPLIT_YAML_FILENAME
+    assert energon.INFO_JSON == config.INFO_JSON_FILENAME
+    assert energon.INDEX_SQLITE == config.INDEX_SQLITE_FILENAME
 
 
 def test_media_ref_round_trip() -> None:
