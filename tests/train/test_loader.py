@@ -148,6 +148,18 @@ def copy(images, tmp_path) -> Path:
     return out
 
 
+def test_both_recipes_take_the_loaders_defaults():
+    """The loader flags are declared once, on LoaderConfig: `train hf` and `train megatron` default to its values."""
+    from packvlm.cli import default_of
+    from train.recipes.hf import HFTrainConfig
+    from train.recipes.megatron import MegatronTrainConfig
+
+    names = ("num_workers", "packs_per_microbatch", "seed", "sampling", "pixels", "shuffle_buffer_size")
+    loader = {name: default_of(LoaderConfig, name) for name in names}
+    assert {name: default_of(HFTrainConfig, name) for name in names} == loader
+    assert {name: default_of(MegatronTrainConfig, name) for name in names} == loader
+
+
 def test_valid_dataset_info(images):
     info = open_packed_dataset(images.path, str(images.processor))
     assert info.num_packs == images.packed.manifest.packs.packs and info.pack_size == 1024
