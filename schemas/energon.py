@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from packvlm.errors import UsageError
 from schemas.layout import MANIFEST_FILE
-from schemas.packed import PackedOutput, read_packed_output
+from schemas.packed import PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION, PackedOutput, read_packed_output
 
 META_DIR = ".nv-meta"  # MAIN_FOLDER_NAME
 DATASET_YAML = "dataset.yaml"
@@ -48,6 +49,20 @@ class IndexResult:
 
     def packs_per_split(self) -> dict[str, int]:
         return {name: sum(self.shard_counts[p] for p in parts) for name, parts in self.splits.items()}
+
+
+def dataset_definition() -> dict[str, Any]:
+    """``dataset.yaml`` content: what `energon prepare` writes for CrudeWebdataset, plus our subflavors.
+
+    Energon hands the subflavors to the cooker with every sample (``__subflavors__``); the cooker
+    matches on ``format``, `train` checks ``format_version``. Version 2 also carried ``pack_size``
+    (never read: the pack manifest's is the one copy).
+    """
+    return {
+        "__module__": "megatron.energon",
+        "__class__": "CrudeWebdataset",
+        "subflavors": {**PACK_SUBFLAVORS, "format_version": PACKED_SCHEMA_VERSION},
+    }
 
 
 def read_packed_dir(root: Path) -> PackedOutput:

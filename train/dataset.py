@@ -43,7 +43,7 @@ from schemas.manifest import ManifestError, ManifestVersionError, PackManifest
 from schemas.packed import (
     META_MEMBER,
     PACK_SUBFLAVORS,
-    PACKED_SCHEMA_VERSION,
+    PACKED_READ_VERSIONS,
     IncompleteShardsError,
     PackedOutput,
     PackMeta,
@@ -118,10 +118,10 @@ def _check_format(root: Path, first_shard: str) -> None:
     fix = "re-run `prep pack` and `prep energon-index` with this packvlm version"
     if any(sub.get(k) != v for k, v in PACK_SUBFLAVORS.items()):
         raise TrainConfigError(f"--data {root}: {DATASET_YAML} subflavors {sub} are not a packvlm pack dataset: {fix}")
-    if sub.get("format_version") != PACKED_SCHEMA_VERSION:
+    if sub.get("format_version") not in PACKED_READ_VERSIONS:
         raise TrainConfigError(
             f"--data {root}: pack format version {sub.get('format_version')} in {DATASET_YAML}, this code reads "
-            f"{PACKED_SCHEMA_VERSION}: {fix}"
+            f"{', '.join(map(str, PACKED_READ_VERSIONS))}: {fix}"
         )
     with tarfile.open(root / first_shard, "r:") as tar:
         member = next((m for m in tar if m.name.endswith(f".{META_MEMBER}")), None)

@@ -32,7 +32,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import yaml
 from tqdm import tqdm
@@ -40,9 +40,17 @@ from tqdm import tqdm
 from packvlm.atomic import write_bytes_atomic
 from packvlm.errors import InternalError
 from prep.energon.split import ShardSplit, energon_patterns, nearest_split, recorded_split, refusal
-from schemas.energon import DATASET_YAML, META_DIR, EnergonIndexError, IndexResult, read_index, read_packed_dir
-from schemas.manifest import SHARDS_MANIFEST_FILE, PackManifest
-from schemas.packed import PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION, PackedOutput, check_shard_files
+from schemas.energon import (
+    DATASET_YAML,
+    META_DIR,
+    EnergonIndexError,
+    IndexResult,
+    dataset_definition,
+    read_index,
+    read_packed_dir,
+)
+from schemas.manifest import SHARDS_MANIFEST_FILE
+from schemas.packed import PackedOutput, check_shard_files
 from schemas.splits import SplitRatio, SplitRatioError
 from schemas.splits import parse_split_ratio as parse_ratio
 
@@ -71,19 +79,6 @@ def parse_split_patterns(items: tuple[str, ...]) -> list[tuple[str, str]]:
             raise EnergonIndexError(f"--split-pattern {item!r}: use SPLIT:REGEX, e.g. 'val:shards/shard-000000.tar'")
         out.append((split, pattern))
     return out
-
-
-def dataset_definition(manifest: PackManifest) -> dict[str, Any]:
-    """``dataset.yaml`` content: what `energon prepare` writes for CrudeWebdataset, + subflavors."""
-    return {
-        "__module__": "megatron.energon",
-        "__class__": "CrudeWebdataset",
-        "subflavors": {
-            **PACK_SUBFLAVORS,
-            "format_version": PACKED_SCHEMA_VERSION,
-            "pack_size": manifest.pack_size,
-        },
-    }
 
 
 def choose_split(packed: PackedOutput, split_ratio: SplitRatio | None) -> ShardSplit:
@@ -148,7 +143,7 @@ def index_dataset(
             progress_fn=_progress,
         )
     log.debug("energon prepare: %s", chatter.getvalue().strip())
-    definition = yaml.dump(dataset_definition(packed.manifest), sort_keys=False)
+    definition = yaml.dump(dataset_definition(), sort_keys=False)
     write_bytes_atomic(root / META_DIR / DATASET_YAML, definition.encode("utf-8"))
     result = read_index(root)
     if split is None:
