@@ -19,7 +19,7 @@ exit     class               meaning and what to do
 ======== =================== ============================================================
 
 Stages raise subclasses (keeping a builtin base such as ``ValueError`` where callers catch
-one); the CLIs catch the four bases (`prep.cli_errors`). Errors found inside a Ray worker
+one); the CLIs catch the four bases (`packvlm.cli`). Errors found inside a Ray worker
 cross back as class + message (`error_payload` / `error_from_payload`) because Ray Data
 re-raises a worker's exception as ``UserCodeException`` without its class.
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
+from packvlm.cli import ErrorMappingGroup, debug_option
 from packvlm.console import configure_logging
 from packvlm.secrets import install_log_redaction
-from prep.cli_errors import ErrorMappingGroup, debug_option
 from prep.energon.cli import energon_blend_command, energon_index_command
 from prep.errors.cli import errors_command
 from prep.example.cli import example_command
-from prep.pack.cli import pack_command
+from prep.pipeline import pack_command
 from prep.shards.cli import shards_command
 from prep.stats.cli import stats_command
 from prep.tokenize.cli import tokenize_command

@@ -1,32 +1,19 @@
-"""Click pieces shared by the stage commands: defaults read from the config dataclasses.
+"""Click options the prep stage commands share: where their tasks run (`prep.run`).
 
-Each default lives once, on the stage's config dataclass; an option shows it with
-``default=default_of(Config, "field")``, so `--help`, the Python API and the manifest agree.
+Defaults come from the config dataclasses (`packvlm.cli.default_of`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
+from packvlm.cli import default_of
 from prep.run import EXECUTORS, ExecutorConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def default_of(config_cls: type, name: str) -> Any:
-    """The default of field ``name`` of a config dataclass."""
-    for f in dataclasses.fields(config_cls):
-        if f.name == name:
-            if f.default is not dataclasses.MISSING:
-                return f.default
-            if f.default_factory is not dataclasses.MISSING:
-                return f.default_factory()
-            raise ValueError(f"{config_cls.__name__}.{name} has no default")
-    raise ValueError(f"{config_cls.__name__} has no field {name!r}")
 
 
 def executor_options(func: F) -> F:

@@ -99,7 +99,7 @@ class ErrorCarrier:
 
 def _ours(exc: Exception) -> PackvlmError:
     """``exc`` if it is ours; the environment's refusals as `WorkerResourceError`, the rest as
-    `WorkerBug`, sorted as the CLI sorts them in the driver (`prep.cli_errors`)."""
+    `WorkerBug`, sorted as the CLI sorts them in the driver (`packvlm.cli`)."""
     if isinstance(exc, PackvlmError):
         return exc
     ours: PackvlmError

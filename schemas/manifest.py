@@ -221,7 +221,6 @@ class PackStatistics:
     lb2: int  # Martello-Toth L2 lower bound on the number of packs
     packs_over_lb2: int
     efficiency: float  # real tokens / (packs x pack_size)
-    pack_size: int
     tokens: int  # real tokens in packs
     pad_tokens: int  # slot rounding (pad_to_multiple_of)
     empty_tokens: int  # packs x pack_size - tokens
@@ -267,11 +266,13 @@ class PackManifest(Manifest):
     """``manifest.json`` of a `prep pack` output.
 
     Version 2: shards are in ``shards.json``. Version 3 adds ``splits`` (train, val, test in
-    plan order); a version-2 manifest is read as everything in train.
+    plan order); a version-2 manifest is read as everything in train. Version 4 drops
+    ``packs.pack_size``: ``pack_size`` is the one typed copy, and ``config.pack_size`` (the
+    options as given) is checked equal to it when read.
     """
 
     STAGE: ClassVar[Stage] = Stage.PACK
-    VERSION: ClassVar[int] = 3
+    VERSION: ClassVar[int] = 4
 
     config: dict[str, Any]  # the options the output depends on
     pack_size: int
@@ -285,10 +286,31 @@ class PackManifest(Manifest):
 
     @classmethod
     def from_json(cls, raw: Any, where: str = "") -> PackManifest:
-        """Read versions 3 and 2 (no splits: every pack in train)."""
-        if isinstance(raw, dict) and raw.get("stage") == cls.STAGE.value and raw.get("schema_version") == 2:
-            raw = {**raw, "schema_version": cls.VERSION, "splits": _all_train_splits(raw)}
-        return super(PackManifest, cls).from_json(raw, where)
+        """Read versions 4, 3 (``packs.pack_size`` checked, then dropped) and 2 (also no splits: every pack
+        in train).
+
+        Raises:
+            ManifestError: ``config.pack_size`` (or a version 3's ``packs.pack_size``) differs from ``pack_size``.
+        """
+        where = where or cls.__name__
+        copies: dict[str, Any] = {}
+        if isinstance(raw, dict) and raw.get("stage") == cls.STAGE.value and raw.get("schema_version") in (2, 3):
+            if raw["schema_version"] == 2:
+                raw = {**raw, "splits": _all_train_splits(raw)}
+            if isinstance(raw.get("packs"), dict) and "pack_size" in raw["packs"]:
+                copies["packs.pack_size"] = raw["packs"]["pack_size"]
+                raw = {**raw, "packs": {k: v for k, v in raw["packs"].items() if k != "pack_size"}}
+            raw = {**raw, "schema_version": cls.VERSION}
+        manifest = super(PackManifest, cls).from_json(raw, where)
+        if "pack_size" in manifest.config:
+            copies["config.pack_size"] = manifest.config["pack_size"]
+        for name, value in copies.items():
+            if value != manifest.pack_size:
+                raise ManifestError(
+                    f"{where}: {name} {value!r} differs from pack_size {manifest.pack_size}: the manifest was "
+                    "edited; rerun `prep pack` into a new directory"
+                )
+        return manifest
 
 
 def _all_train_splits(raw: dict[str, Any]) -> list[dict[str, Any]]:

@@ -25,9 +25,9 @@ plan order, unique across shards, no dots::
 Tar metadata is fixed (mtime 0, uid/gid 0, empty user/group names, mode 0o644), so the same
 input and options give byte-identical shards.
 
-Example ``json`` member (pack_size 1024, pad_to_multiple_of 8)::
+Example ``json`` member (pad_to_multiple_of 8; the pack size is the manifest's, ``pack_size``)::
 
-    {"version": 2, "key": "pack-00000007", "pack_size": 1024, "num_tokens": 700,
+    {"version": 3, "key": "pack-00000007", "num_tokens": 700,
      "cu_seqlens": [0, 312, 700], "cu_seqlens_padded": [0, 312, 704],
      "samples": [{"input": 0, "sample_id": "chat:17:0", "dataset": "chat",
                   "num_tokens": 312, "media": [0]},
@@ -61,7 +61,8 @@ from schemas.manifest import (
 )
 from schemas.media_ref import MediaRef
 
-PACKED_SCHEMA_VERSION = 2  # 2: media num_tiles
+PACKED_SCHEMA_VERSION = 3  # 2: media num_tiles; 3: no pack_size (the manifest's is the one copy)
+PACKED_READ_VERSIONS = (2, 3)  # pack json and dataset.yaml format_version this code reads
 PACKED_FORMAT = "packvlm.packed"
 PACK_SUBFLAVORS = {"format": PACKED_FORMAT}  # in dataset.yaml; the shipped cooker matches on it
 SHARDS_DIR = "shards"
@@ -141,7 +142,6 @@ class PackMeta:
     """The ``json`` member: everything about a pack except its arrays and media bytes."""
 
     key: str
-    pack_size: int
     num_tokens: int
     cu_seqlens: tuple[int, ...]
     cu_seqlens_padded: tuple[int, ...]  # slot boundaries (lengths rounded to pad_to_multiple_of)
@@ -154,7 +154,6 @@ class PackMeta:
         return {
             "version": self.version,
             "key": self.key,
-            "pack_size": self.pack_size,
             "num_tokens": self.num_tokens,
             "cu_seqlens": list(self.cu_seqlens),
             "cu_seqlens_padded": list(self.cu_seqlens_padded),
@@ -186,9 +185,14 @@ class PackMeta:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> PackMeta:
-        """Parse a ``json`` member; refuses other schema versions."""
-        if raw.get("version") != PACKED_SCHEMA_VERSION:
-            raise ValueError(f"pack json version {raw.get('version')} unsupported; expected {PACKED_SCHEMA_VERSION}")
+        """Parse a ``json`` member of a version in `PACKED_READ_VERSIONS` (version 2's ``pack_size``,
+        the manifest's value repeated, is dropped); refuses others."""
+        if raw.get("version") not in PACKED_READ_VERSIONS:
+            raise ValueError(
+                f"pack json version {raw.get('version')} unsupported; expected one of {PACKED_READ_VERSIONS}"
+            )
+        if raw["version"] == 2:
+            raw = {k: v for k, v in raw.items() if k != "pack_size"} | {"version": PACKED_SCHEMA_VERSION}
         samples = tuple(PackedSampleMeta(**{**s, "media": tuple(s["media"])}) for s in raw["samples"])
         media = tuple(
             PackedMedia(
@@ -317,10 +321,6 @@ class LoadedPack:
     @property
     def key(self) -> str:
         return self.meta.key
-
-    @property
-    def pack_size(self) -> int:
-        return self.meta.pack_size
 
     @property
     def cu_seqlens(self) -> np.ndarray:

@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 from torch.utils.data import DataLoader, IterableDataset
 
+from packvlm.cli import one_line
 from packvlm.errors import ExitCode
 from packvlm.optional import MissingPackageError, is_installed
 from prep.cli import main as prep_main
-from prep.cli_errors import one_line
 from train.cli import main as train_main
 
 USAGE_CASES = [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
+from packvlm.cli import ErrorMappingGroup, debug_option
 from packvlm.console import configure_logging
 from packvlm.secrets import install_log_redaction
-from prep.cli_errors import ErrorMappingGroup, debug_option
 from train.export import export_command
 from train.recipes.hf import hf_command
 from train.recipes.megatron import megatron_command

@@ -28,7 +28,11 @@ from collections.abc import Mapping
 
 import torch
 
-from train.megatron.params import ContextParallelPaddingError
+from packvlm.errors import UsageError
+
+
+class ContextParallelPaddingError(UsageError, ValueError):
+    """A slot of the micro-batch cannot be split into ``2 * cp`` equal chunks."""
 
 
 def slot_multiple(cp_size: int) -> int:

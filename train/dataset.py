@@ -29,13 +29,22 @@ import yaml
 from families.processor import ProcessorBundle
 from families.registry import find_layout
 from packvlm.errors import UsageError
-from prep.energon.index import DATASET_YAML, META_DIR, EnergonIndexError, read_index, read_packed_dir
+from schemas.energon import (
+    DATASET_YAML,
+    INDEX_SUFFIX,
+    INFO_JSON,
+    META_DIR,
+    SPLIT_YAML,
+    EnergonIndexError,
+    read_index,
+    read_packed_dir,
+)
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import ManifestError, ManifestVersionError, PackManifest
 from schemas.packed import (
     META_MEMBER,
     PACK_SUBFLAVORS,
-    PACKED_SCHEMA_VERSION,
+    PACKED_READ_VERSIONS,
     IncompleteShardsError,
     PackedOutput,
     PackMeta,
@@ -52,9 +61,6 @@ from train.identity import (
 )
 from train.media import MediaProcessor, PackEncodeError, video_package_missing
 from train.preflight import first_video
-
-INFO_JSON = ".info.json"
-SPLIT_YAML = "split.yaml"
 
 
 class TrainConfigError(UsageError, ValueError):
@@ -100,7 +106,7 @@ def _check_index(root: Path, shards: list[str]) -> None:
     if not meta.is_dir():
         raise TrainConfigError(f"--data {root}: no {META_DIR}/ (not indexed for Energon): {fix}")
     missing = [name for name in (DATASET_YAML, SPLIT_YAML, INFO_JSON) if not (meta / name).is_file()]
-    missing += [f"{s}.idx" for s in shards if not (root / f"{s}.idx").is_file()]
+    missing += [f"{s}{INDEX_SUFFIX}" for s in shards if not (root / f"{s}{INDEX_SUFFIX}").is_file()]
     if missing:
         raise TrainConfigError(f"--data {root}: index files {missing[:5]} missing: {fix}")
 
@@ -112,10 +118,10 @@ def _check_format(root: Path, first_shard: str) -> None:
     fix = "re-run `prep pack` and `prep energon-index` with this packvlm version"
     if any(sub.get(k) != v for k, v in PACK_SUBFLAVORS.items()):
         raise TrainConfigError(f"--data {root}: {DATASET_YAML} subflavors {sub} are not a packvlm pack dataset: {fix}")
-    if sub.get("format_version") != PACKED_SCHEMA_VERSION:
+    if sub.get("format_version") not in PACKED_READ_VERSIONS:
         raise TrainConfigError(
             f"--data {root}: pack format version {sub.get('format_version')} in {DATASET_YAML}, this code reads "
-            f"{PACKED_SCHEMA_VERSION}: {fix}"
+            f"{', '.join(map(str, PACKED_READ_VERSIONS))}: {fix}"
         )
     with tarfile.open(root / first_shard, "r:") as tar:
         member = next((m for m in tar if m.name.endswith(f".{META_MEMBER}")), None)

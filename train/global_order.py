@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 from megatron.energon.epathlib import EPath
+from megatron.energon.flavors.webdataset.config import SPLIT_YAML_FILENAME
 from megatron.energon.flavors.webdataset.itar_reader import ShardInfosITarReader
 from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta
 
@@ -150,7 +151,7 @@ class GlobalOrderDataset(torch.utils.data.Dataset[PackedBatch]):
 
 def split_shards(root: str, split: str) -> WebdatasetMeta:
     """Energon's shard list of ``split`` (its order numbers the packs 0..N-1)."""
-    meta = WebdatasetMeta.from_config(path=EPath(root), split_part=split, split_config="split.yaml")
+    meta = WebdatasetMeta.from_config(path=EPath(root), split_part=split, split_config=SPLIT_YAML_FILENAME)
     if meta.sample_excludes:
         raise TrainConfigError(
             f"--data {root}: split.yaml excludes {len(meta.sample_excludes)} packs; --sampling epoch reads every "

@@ -17,9 +17,9 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from schemas.energon import INDEX_SQLITE, META_DIR
 from schemas.packed import KEY_PREFIX
 
-INDEX_SQLITE = ".nv-meta/index.sqlite"  # Energon's random-access index (`prep energon-index` writes it)
 VIDEO_MEMBER_PREFIX = "vid"  # `schemas.packed.member_suffix` of a video item
 
 
@@ -36,7 +36,7 @@ def split_pack_ranges(shard_packs: Mapping[str, int], split_shards: Sequence[str
 
 def first_video(root: Path, *, shard_packs: Mapping[str, int], split_shards: Sequence[str]) -> str | None:
     """The first video member of the split's packs, as ``pack KEY, member NAME``; None if none or no index."""
-    index = root / INDEX_SQLITE
+    index = root / META_DIR / INDEX_SQLITE
     if not index.is_file():
         return None
     ranges = split_pack_ranges(shard_packs, split_shards)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from packvlm.errors import UsageError
-from prep.outputs import claim_output_dir
+from packvlm.output_dir import claim_output_dir
 from schemas.layout import RUN_FILE
 from schemas.train import CHECKPOINTS_DIR, LOG_FILE, METRICS_FILE
 from train.checkpoint import CheckpointError, latest_checkpoint

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from packvlm.atomic import write_bytes_atomic
-from prep.energon.index import META_DIR, EnergonIndexError, read_packed_dir
+from schemas.energon import META_DIR, SPLIT_YAML, EnergonIndexError, read_packed_dir
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,7 +62,7 @@ def blend_definition(entries: list[BlendEntry], output: Path, split: str = "trai
     for entry in entries:
         target = Path(entry.path).resolve()
         read_packed_dir(target)
-        if not (target / META_DIR / "split.yaml").is_file():
+        if not (target / META_DIR / SPLIT_YAML).is_file():
             raise EnergonIndexError(f"{target} is not an Energon dataset; run `prep energon-index {target}` first")
         blend.append({"weight": entry.weight, "path": os.path.relpath(target, base)})
     return {"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {split: {"blend": blend}}}

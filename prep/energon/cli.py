@@ -31,13 +31,13 @@ def energon_index_command(
 ) -> None:
     """Make a `prep pack` output DIRECTORY an Energon dataset (Energon's own prepare API)."""
     from prep.energon.index import (
-        EnergonIndexError,
         index_dataset,
         parse_split_patterns,
         parse_split_ratio,
         verify_dataset,
     )
     from prep.energon.split import format_counts
+    from schemas.energon import EnergonIndexError
 
     if split_ratio and split_patterns:
         raise EnergonIndexError("give --split-ratio or --split-pattern, not both")

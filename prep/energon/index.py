@@ -31,46 +31,35 @@ import logging
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import yaml
 from tqdm import tqdm
 
 from packvlm.atomic import write_bytes_atomic
-from packvlm.errors import InternalError, UsageError
+from packvlm.errors import InternalError
 from prep.energon.split import ShardSplit, energon_patterns, nearest_split, recorded_split, refusal
-from schemas.layout import MANIFEST_FILE
-from schemas.manifest import SHARDS_MANIFEST_FILE, PackManifest
-from schemas.packed import PACK_SUBFLAVORS, PACKED_SCHEMA_VERSION, PackedOutput, check_shard_files, read_packed_output
+from schemas.energon import (
+    DATASET_YAML,
+    META_DIR,
+    EnergonIndexError,
+    IndexResult,
+    dataset_definition,
+    read_index,
+    read_packed_dir,
+)
+from schemas.manifest import SHARDS_MANIFEST_FILE
+from schemas.packed import PackedOutput, check_shard_files
 from schemas.splits import SplitRatio, SplitRatioError
 from schemas.splits import parse_split_ratio as parse_ratio
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-META_DIR = ".nv-meta"  # megatron.energon.flavors.webdataset.config.MAIN_FOLDER_NAME
-DATASET_YAML = "dataset.yaml"
-
-
-class EnergonIndexError(UsageError):
-    """DIR is not a finished `prep pack` output, or a split option is unusable or cannot be honoured."""
 
 
 class EnergonVerifyError(InternalError):
     """Loading the dataset with Energon did not give every pack exactly once."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class IndexResult:
-    """What Energon indexed: samples per shard and shards per split."""
-
-    shard_counts: dict[str, int]
-    splits: dict[str, list[str]]
-    wanted: tuple[int, ...] | None = None  # packs per split a --split-ratio asked for
-
-    def packs_per_split(self) -> dict[str, int]:
-        return {name: sum(self.shard_counts[p] for p in parts) for name, parts in self.splits.items()}
 
 
 def parse_split_ratio(text: str) -> SplitRatio:
@@ -90,35 +79,6 @@ def parse_split_patterns(items: tuple[str, ...]) -> list[tuple[str, str]]:
             raise EnergonIndexError(f"--split-pattern {item!r}: use SPLIT:REGEX, e.g. 'val:shards/shard-000000.tar'")
         out.append((split, pattern))
     return out
-
-
-def read_packed_dir(root: Path) -> PackedOutput:
-    """The packed directory's manifests, its shards checked to exist and to be at least one.
-
-    Raises:
-        EnergonIndexError: No pack manifest, or a plan with no shards.
-        ManifestError: A manifest of another stage or version, or shards missing / from
-            another plan (`schemas.packed.IncompleteShardsError`).
-    """
-    if not (root / MANIFEST_FILE).is_file():
-        raise EnergonIndexError(f"{root} has no {MANIFEST_FILE}: run `prep pack --output {root}` first")
-    packed = read_packed_output(root)
-    if not packed.shards.shards:
-        raise EnergonIndexError(f"{root}: the pack run wrote no shards (every sample oversize?); nothing to index")
-    return packed
-
-
-def dataset_definition(manifest: PackManifest) -> dict[str, Any]:
-    """``dataset.yaml`` content: what `energon prepare` writes for CrudeWebdataset, + subflavors."""
-    return {
-        "__module__": "megatron.energon",
-        "__class__": "CrudeWebdataset",
-        "subflavors": {
-            **PACK_SUBFLAVORS,
-            "format_version": PACKED_SCHEMA_VERSION,
-            "pack_size": manifest.pack_size,
-        },
-    }
 
 
 def choose_split(packed: PackedOutput, split_ratio: SplitRatio | None) -> ShardSplit:
@@ -183,7 +143,7 @@ def index_dataset(
             progress_fn=_progress,
         )
     log.debug("energon prepare: %s", chatter.getvalue().strip())
-    definition = yaml.dump(dataset_definition(packed.manifest), sort_keys=False)
+    definition = yaml.dump(dataset_definition(), sort_keys=False)
     write_bytes_atomic(root / META_DIR / DATASET_YAML, definition.encode("utf-8"))
     result = read_index(root)
     if split is None:
@@ -196,21 +156,6 @@ def index_dataset(
 def _progress(items: Iterator[T], total: int) -> Iterator[T]:
     """Energon's per-shard indexing progress, on stderr and only on a terminal (its stdout is captured)."""
     return iter(tqdm(items, total=total, desc="index", unit="shard", disable=not sys.stderr.isatty()))
-
-
-def read_index(root: Path) -> IndexResult:
-    """Shard counts and split parts as Energon wrote them (brace ranges expanded)."""
-    import json
-
-    import braceexpand
-
-    info = json.loads((root / META_DIR / ".info.json").read_text(encoding="utf-8"))
-    split = yaml.safe_load((root / META_DIR / "split.yaml").read_text(encoding="utf-8"))
-    splits = {
-        name: [p for pattern in parts for p in braceexpand.braceexpand(pattern)]
-        for name, parts in split["split_parts"].items()
-    }
-    return IndexResult(shard_counts=dict(info["shard_counts"]), splits=splits)
 
 
 def _load_keys(root: Path, split: str, num_workers: int) -> list[str]:

@@ -40,7 +40,7 @@ def errors_command(
         datasets=tuple(dict.fromkeys(datasets)),
         limit=limit,
     )
-    report = read_errors(config)  # ErrorsQueryError exits 2 (`prep.cli_errors`)
+    report = read_errors(config)  # ErrorsQueryError exits 2 (`packvlm.cli`)
     if as_json:
         click.echo(json.dumps(to_json(report), indent=2, ensure_ascii=False))
     elif isinstance(report, ErrorsReport):

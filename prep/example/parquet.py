@@ -18,6 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from schemas.media_ref import MediaRef
+
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 SCHEMA = pa.schema(
     [
@@ -68,6 +70,6 @@ def _row(line: bytes, media_dir: Path) -> dict[str, Any] | None:
 
 def _image(path: str, media_dir: Path) -> dict[str, Any]:
     file = media_dir / path
-    if "::" not in path and file.is_file():
+    if not MediaRef.parse(path).is_lmdb and file.is_file():
         return {"bytes": file.read_bytes(), "path": file.name}
     return {"bytes": None, "path": path}

@@ -1,14 +1,18 @@
-"""`prep pack`: flags -> PackConfig -> plan, then the shards stage on it (`prep.pipeline`)."""
+"""The flags of `prep pack` -> `PackConfig`; `prep.pipeline` holds the command (it runs pack, then shards)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import click
 
-from prep.cli_options import default_of, executor_options
+from packvlm.cli import default_of
 from prep.pack.shard_cut import ShardSize, ShardSizeError, parse_shard_size
 from prep.pack.stage import OVERSIZE_POLICIES, PackConfig
-from prep.run import ExecutorConfig
 from schemas.splits import SplitRatio, SplitRatioError, parse_split_ratio
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ShardSizeType(click.ParamType):
@@ -43,75 +47,79 @@ def _default(name: str) -> object:
     return default_of(PackConfig, name)
 
 
-@click.command("pack")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Output directory (resumable)."
+PACK_OPTIONS = (
+    click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False)),
+    click.option(
+        "--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Output directory (resumable)."
+    ),
+    click.option("--pack-size", required=True, type=click.IntRange(min=1), help="Tokens per pack."),
+    click.option(
+        "--max-samples-per-pack",
+        type=click.IntRange(min=1),
+        default=_default("max_samples_per_pack"),
+        help="Cap on samples per pack.",
+    ),
+    click.option(
+        "--seed", type=int, default=_default("seed"), show_default=True, help="Seed of the pack order shuffle."
+    ),
+    click.option(
+        "--pad-to-multiple-of",
+        type=click.IntRange(min=1),
+        default=_default("pad_to_multiple_of"),
+        show_default=True,
+        help="Round each sample's slot up to this (context parallelism).",
+    ),
+    click.option(
+        "--oversize",
+        type=click.Choice(OVERSIZE_POLICIES),
+        default=_default("oversize"),
+        show_default=True,
+        help="Samples longer than a pack: report and drop, or fail.",
+    ),
+    click.option(
+        "--max-oversize-rate",
+        type=click.FloatRange(0, 1),
+        default=_default("max_oversize_rate"),
+        show_default=True,
+        help="With --oversize drop: fail when more than this fraction of samples exceeds --pack-size.",
+    ),
+    click.option(
+        "--balance-media",
+        is_flag=True,
+        default=_default("balance_media"),
+        help="Order packs so each group of --media-group-size carries similar media loads.",
+    ),
+    click.option(
+        "--media-group-size",
+        type=click.IntRange(min=1),
+        default=_default("media_group_size"),
+        show_default=True,
+        help="Packs per training step across data-parallel ranks.",
+    ),
+    click.option(
+        "--shard-size",
+        type=ShardSizeType(),
+        default=str(_default("shard_size")),
+        show_default=True,
+        help="Target shard size: bytes (512MB, 1GiB) or packs (1000packs).",
+    ),
+    click.option(
+        "--split-ratio",
+        type=SplitRatioType(),
+        default=_default("split_ratio"),
+        help="train,val,test share of packs, e.g. 0.98,0.02,0: packs split in plan order, shards cut at split "
+        "boundaries (default: every pack in train).",
+    ),
 )
-@click.option("--pack-size", required=True, type=click.IntRange(min=1), help="Tokens per pack.")
-@click.option(
-    "--max-samples-per-pack",
-    type=click.IntRange(min=1),
-    default=_default("max_samples_per_pack"),
-    help="Cap on samples per pack.",
-)
-@click.option("--seed", type=int, default=_default("seed"), show_default=True, help="Seed of the pack order shuffle.")
-@click.option(
-    "--pad-to-multiple-of",
-    type=click.IntRange(min=1),
-    default=_default("pad_to_multiple_of"),
-    show_default=True,
-    help="Round each sample's slot up to this (context parallelism).",
-)
-@click.option(
-    "--oversize",
-    type=click.Choice(OVERSIZE_POLICIES),
-    default=_default("oversize"),
-    show_default=True,
-    help="Samples longer than a pack: report and drop, or fail.",
-)
-@click.option(
-    "--max-oversize-rate",
-    type=click.FloatRange(0, 1),
-    default=_default("max_oversize_rate"),
-    show_default=True,
-    help="With --oversize drop: fail when more than this fraction of samples exceeds --pack-size.",
-)
-@click.option(
-    "--balance-media",
-    is_flag=True,
-    default=_default("balance_media"),
-    help="Order packs so each group of --media-group-size carries similar media loads.",
-)
-@click.option(
-    "--media-group-size",
-    type=click.IntRange(min=1),
-    default=_default("media_group_size"),
-    show_default=True,
-    help="Packs per training step across data-parallel ranks.",
-)
-@click.option(
-    "--shard-size",
-    type=ShardSizeType(),
-    default=str(_default("shard_size")),
-    show_default=True,
-    help="Target shard size: bytes (512MB, 1GiB) or packs (1000packs).",
-)
-@click.option(
-    "--split-ratio",
-    type=SplitRatioType(),
-    default=_default("split_ratio"),
-    help="train,val,test share of packs, e.g. 0.98,0.02,0: packs split in plan order, shards cut at split "
-    "boundaries (default: every pack in train).",
-)
-@click.option("--plan-only", is_flag=True, help="Write plan.arrow and the manifest; run `prep shards` later.")
-@executor_options
-def pack_command(plan_only: bool, executor: ExecutorConfig, **options: object) -> None:
-    """Pack tokenized samples (INPUTS: `prep tokenize` outputs) into webdataset shards."""
-    from prep.pack.stats import format_summary
-    from prep.pipeline import pack_and_shard
 
-    options["inputs"] = tuple(options["inputs"])  # type: ignore[arg-type]
-    config = PackConfig(**options)  # type: ignore[arg-type]
-    manifest, shards = pack_and_shard(config, executor, plan_only=plan_only)
-    click.echo(format_summary(manifest, shards, config.output_dir))
+
+def pack_options(command: F) -> F:
+    """Adds the flags that make a `PackConfig` (`pack_config`), defaults read from it."""
+    for option in reversed(PACK_OPTIONS):  # click lists them in the order above
+        command = option(command)
+    return command
+
+
+def pack_config(options: dict[str, Any]) -> PackConfig:
+    """The `PackConfig` of the flags `pack_options` added."""
+    return PackConfig(**{**options, "inputs": tuple(options["inputs"])})

@@ -35,7 +35,7 @@ import numpy as np
 from packvlm.atomic import write_arrow_atomic, write_json_atomic
 from packvlm.errors import DataBudgetError, UsageError
 from packvlm.faults import crash_point
-from prep.outputs import claim_output_dir
+from packvlm.output_dir import claim_output_dir
 from prep.pack.assignment import PackAssignment
 from prep.pack.core import plan_packs
 from prep.pack.inputs import SampleColumns, TokenizedInput, check_same_processor, load_columns, load_input

@@ -43,7 +43,6 @@ def pack_statistics(plan: PackAssignment, num_tokens: np.ndarray, media_count: n
         lb2=plan.lb2,
         packs_over_lb2=n - plan.lb2,
         efficiency=round(plan.efficiency, 6),
-        pack_size=plan.pack_size,
         tokens=plan.num_tokens,
         pad_tokens=plan.slot_tokens - plan.num_tokens,
         empty_tokens=n * plan.pack_size - plan.num_tokens,
@@ -92,7 +91,7 @@ def format_summary(manifest: PackManifest, shards: ShardsManifest | None, output
     lines = [
         f"samples: {s.total:,} tokenized = {s.packed:,} packed + {s.oversize:,} oversize (dropped)",
         f"packs: {p.packs:,} (LB2 {p.lb2:,}, +{gap}); efficiency {p.efficiency:.2%} of "
-        f"{p.pack_size:,}-token packs; {p.tokens:,} tokens, {p.pad_tokens:,} padding",
+        f"{manifest.pack_size:,}-token packs; {p.tokens:,} tokens, {p.pad_tokens:,} padding",
         f"splits: {format_splits(manifest.splits)}",
         "fill: " + "  ".join(f"{k}:{v}" for k, v in p.fill_histogram.items() if v),
     ]

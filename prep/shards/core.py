@@ -104,7 +104,6 @@ def build_pack(
         )
     meta = PackMeta(
         key=key,
-        pack_size=pack_size,
         num_tokens=cu[-1],
         cu_seqlens=tuple(cu),
         cu_seqlens_padded=tuple(cu_padded),

@@ -30,5 +30,5 @@ def stats_command(input_dir: str, output_dir: str | None, bins: int, pack_size: 
     from prep.stats.stage import StatsConfig, format_summary, run_stats
 
     config = StatsConfig(input_dir=input_dir, output_dir=output_dir, bins=bins, pack_size=pack_size)
-    stats = run_stats(config)  # StatsInputError exits 2, StatsDependencyError 3 (`prep.cli_errors`)
+    stats = run_stats(config)  # StatsInputError exits 2, StatsDependencyError 3 (`packvlm.cli`)
     click.echo(format_summary(stats, config.output_path()))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from prep.cli_options import default_of, executor_options
+from packvlm.cli import default_of
+from prep.cli_options import executor_options
 from prep.run import ExecutorConfig
 from prep.sources.media import DECODE_LIMIT_PIXELS
 from prep.tokenize.stage import TokenizeConfig

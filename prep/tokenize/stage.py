@@ -24,7 +24,7 @@ import pyarrow as pa
 from packvlm.atomic import write_arrow_atomic, write_json_atomic
 from packvlm.errors import DataBudgetError, InternalError, UsageError
 from packvlm.faults import crash_point
-from prep.outputs import claim_output_dir, file_fingerprint
+from packvlm.output_dir import claim_output_dir, file_fingerprint
 from prep.run import ExecutorConfig, run_tasks
 from prep.sources.media import DECODE_LIMIT_PIXELS
 from prep.sources.records import Chunk, plan_chunks

@@ -21,7 +21,8 @@ from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 from packvlm.energon import PACK_COOKER, PackDecodeError, PackedSample, PackedTaskEncoder, cook_pack
 from prep.cli import main
 from prep.energon.blend import parse_blend, write_blend
-from prep.energon.index import EnergonIndexError, index_dataset, verify_dataset
+from prep.energon.index import index_dataset, verify_dataset
+from schemas.energon import EnergonIndexError
 from schemas.packed import PACKED_SCHEMA_VERSION, PackedOutput, read_packed_output
 from tests.shards.oracles import check_pack_against_tokenized, pack, read_packed, tokenized_dir, tokenized_rows
 
@@ -77,7 +78,8 @@ def test_energon_returns_every_pack_once_with_its_tokens_and_media(dataset, tok,
         assert list(p.sample_ids) == [x["sample_id"] for x in meta["samples"]]
         assert p.input_ids.dtype == p.cu_seqlens.dtype == np.int32 and p.loss_mask.dtype == np.uint8
         assert p.cu_seqlens.tolist() == meta["cu_seqlens"] and p.cu_seqlens_padded.tolist() == meta["cu_seqlens_padded"]
-        assert p.cu_seqlens[-1] == p.input_ids.size <= p.pack_size == meta["pack_size"]
+        assert p.cu_seqlens[-1] == p.input_ids.size and p.cu_seqlens_padded[-1] <= packed.manifest.pack_size == 1024
+        assert "pack_size" not in meta  # one copy: the manifest's
         assert [m.meta.grid_thw for m in p.media] == [tuple(m["grid_thw"]) for m in meta["media"]]
         assert [m.meta.ref for m in p.media] == [m["ref"] for m in meta["media"]]
         assert s.__subflavors__["format"] == "packvlm.packed"
@@ -91,11 +93,7 @@ def test_index_writes_energons_files(dataset):
     assert all(Path(f"{path}.idx").is_file() for path in packed.shard_paths)
     definition = yaml.safe_load((meta / "dataset.yaml").read_text())
     assert definition["__class__"] == "CrudeWebdataset" and definition["__module__"] == "megatron.energon"
-    assert definition["subflavors"] == {
-        "format": "packvlm.packed",
-        "format_version": PACKED_SCHEMA_VERSION,
-        "pack_size": 1024,
-    }
+    assert definition["subflavors"] == {"format": "packvlm.packed", "format_version": PACKED_SCHEMA_VERSION}
     assert verify_dataset(out) == {"train": packed.manifest.packs.packs}
     assert not list(meta.glob(".tmp-*"))
 
@@ -160,13 +158,13 @@ def test_blend_yaml_loads_with_energon(dataset, tok, tmp_path):
         max_samples_per_sequence=None,
         task_encoder=PackedTaskEncoder(),
     )
-    sizes = []
+    origins = []  # the dataset each pack came from, as Energon's provenance names it
     for i, sample in enumerate(get_loader(ds)):
-        sizes.append(sample.pack.pack_size)
+        origins.append(Path(str(sample.__sources__[0].dataset_path)).resolve())
         if i == 199:
             break
-    assert set(sizes) == {1024, 2048}
-    assert 0.6 < sizes.count(1024) / len(sizes) < 0.9
+    assert set(origins) == {out.resolve(), other.resolve()}
+    assert 0.6 < origins.count(out.resolve()) / len(origins) < 0.9
     with pytest.raises(EnergonIndexError):
         write_blend([parse_blend(f"{tmp_path}=1")], tmp_path / "x.yaml")
     with pytest.raises(EnergonIndexError):
@@ -205,7 +203,9 @@ def test_cooker_is_stateless_and_refuses_decoded_media(dataset):
     from megatron.energon.task_encoder.base import get_stateless
 
     out, _ = dataset
-    assert get_stateless(cook_pack) and PACK_COOKER.is_match({"format": "packvlm.packed", "pack_size": 1})
+    assert get_stateless(cook_pack) and PACK_COOKER.is_match(
+        {"format": "packvlm.packed", "format_version": 2, "pack_size": 1}
+    )
     key, members = next(iter(read_packed(out).items()))
     crude = {"__key__": key, "__restore_key__": (), **members}
     assert cook_pack(crude).pack.input_ids.size > 0

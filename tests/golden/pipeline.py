@@ -96,15 +96,19 @@ V1_PACKED_MEDIA_FIELDS = (
 )
 
 
-def _shard_digest(path: Path) -> str:
-    """Digest of a shard's members in order: bytes as they are, the pack json in its version-1 view."""
+def _shard_digest(path: Path, pack_size: int) -> str:
+    """Digest of a shard's members in order: bytes as they are, the pack json in its version-1 view.
+
+    Version 3 stores the pack size once, in the pack manifest (``pack_size``): the view takes it
+    from there, so the recording made when every pack json repeated it still holds.
+    """
     members = []
     with tarfile.open(path, "r:") as tar:
         for member in tar:
             data = tar.extractfile(member)
             content = data.read() if data else b""
             if member.name.endswith(".json"):
-                raw = json.loads(content)
+                raw = {"pack_size": pack_size, **json.loads(content)}
                 view = {k: raw[k] for k in V1_PACK_FIELDS}
                 view["media"] = [{k: m[k] for k in V1_PACKED_MEDIA_FIELDS} for m in raw["media"]]
                 content = json.dumps(view, sort_keys=True).encode()
@@ -122,8 +126,9 @@ def digests(root: Path = ROOT) -> dict[str, str]:
         for path in sorted((root / "tok" / kind).glob("*.arrow")):
             out[str(path.relative_to(root))] = _table_digest(path, kind)
     for packed in ("packed", "packed8"):
+        pack_size = json.loads((root / packed / "manifest.json").read_text())["pack_size"]
         for path in sorted((root / packed / "shards").glob("*.tar")):
-            out[str(path.relative_to(root))] = _shard_digest(path)
+            out[str(path.relative_to(root))] = _shard_digest(path, pack_size)
     return out
 
 

@@ -3,7 +3,8 @@ equal the pre-refactor recording in their version-1 view.
 
 Shards are digested member by member (name, size, sha256 of the bytes; the pack json in its
 version-1 fields), tokenized parts by their version-1 columns, so a schema version that only
-adds fields (tokenized v3 / pack json v2: ``num_tiles``) keeps the check meaningful. The
+adds fields (tokenized v3 / pack json v2: ``num_tiles``) keeps the check meaningful; pack json v3
+drops the repeated ``pack_size``, which the view takes from the pack manifest. The
 recording was re-taken in this form at commit b55c035, whose tar files were verified
 byte-identical (sha256) to the original pre-refactor recording first.
 """

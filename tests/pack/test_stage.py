@@ -61,6 +61,7 @@ def test_every_pack_equals_the_samples_it_names(packed, tok):
     assert sorted(packs) == [f"pack-{i:08d}" for i in range(manifest["packs"]["packs"])]
     for members in packs.values():
         meta = meta_of(members)
+        assert meta["cu_seqlens_padded"][-1] <= manifest["pack_size"] == 1024
         check_pack_against_tokenized(
             meta, npy(members["input_ids.npy"]), npy(members["loss_mask.npy"]), members, [rows]
         )

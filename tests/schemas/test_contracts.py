@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from prep.cli import main
+from schemas import energon
 from schemas.docs import FORMATS_DOC, readme_block, render_formats
 from schemas.layout import MANIFEST_FILE
 from schemas.manifest import (
@@ -23,7 +24,7 @@ from schemas.manifest import (
     read_manifest,
 )
 from schemas.media_ref import MediaRef
-from schemas.packed import IncompleteShardsError, read_packed_output
+from schemas.packed import PACKED_SCHEMA_VERSION, IncompleteShardsError, PackMeta, read_packed_output
 from schemas.plan import PLAN_FILE, read_plan
 from tests.shards.oracles import read_packed, tokenized_dir, tokenized_rows
 
@@ -46,6 +47,16 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 def test_readme_format_reference_is_generated_from_schemas() -> None:
     assert readme_block(FORMATS_DOC.read_text(encoding="utf-8")) == render_formats(), "run `python -m schemas.docs`"
+
+
+def test_energon_names_are_energons_own() -> None:
+    """`schemas.energon` spells Energon's file names without importing Energon; they must stay its names."""
+    from megatron.energon.flavors.webdataset import config
+
+    assert energon.META_DIR == config.MAIN_FOLDER_NAME
+    assert energon.SPLIT_YAML == config.SPLIT_YAML_FILENAME
+    assert energon.INFO_JSON == config.INFO_JSON_FILENAME
+    assert energon.INDEX_SQLITE == config.INDEX_SQLITE_FILENAME
 
 
 def test_media_ref_round_trip() -> None:
@@ -76,6 +87,29 @@ def test_wrong_stage_unknown_version_and_malformed_manifests_are_named(tok: Path
     (tmp_path / "bad.json").write_text(json.dumps(raw))
     with pytest.raises(ManifestError, match=r"rows: missing field 'errors'"):
         read_manifest(tmp_path / "bad.json", TokenizeManifest)
+
+
+def test_pack_size_is_stored_once_and_older_versions_still_read(tok: Path, tmp_path: Path) -> None:
+    """Pack manifest v4 and pack json v3 hold no repeated pack_size; a v3 manifest and v2 pack json (which
+    repeat it) read as the same records, and a manifest whose copies disagree is refused."""
+    out = tmp_path / "packed"
+    _pack(tok, out)
+    raw = json.loads((out / MANIFEST_FILE).read_text())
+    assert raw["schema_version"] == 4 and "pack_size" not in raw["packs"]
+    assert raw["pack_size"] == raw["config"]["pack_size"] == 1024
+    current = PackManifest.from_json(raw)
+    v3 = {**raw, "schema_version": 3, "packs": {**raw["packs"], "pack_size": 1024}}
+    assert PackManifest.from_json(v3) == current
+    with pytest.raises(ManifestError, match=r"packs.pack_size 2048 differs from pack_size 1024"):
+        PackManifest.from_json({**v3, "packs": {**raw["packs"], "pack_size": 2048}})
+    with pytest.raises(ManifestError, match=r"config.pack_size 512 differs from pack_size 1024"):
+        PackManifest.from_json({**raw, "config": {**raw["config"], "pack_size": 512}})
+
+    meta = json.loads(next(iter(read_packed(out).values()))["json"])
+    assert meta["version"] == PACKED_SCHEMA_VERSION == 3 and "pack_size" not in meta
+    assert PackMeta.from_json({**meta, "version": 2, "pack_size": 1024}) == PackMeta.from_json(meta)
+    with pytest.raises(ValueError, match="pack json version 1 unsupported"):
+        PackMeta.from_json({**meta, "version": 1})
 
 
 def test_plan_holds_every_packed_sample_once_and_shards_follow_it(tok: Path, tmp_path: Path) -> None:

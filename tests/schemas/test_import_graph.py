@@ -1,6 +1,6 @@
 """The house's import rules, from the source: no circles, schemas import no stage (only the
 shared error hierarchy), stages meet only through files (pack and shards never import each
-other; `prep.pipeline` composes them)."""
+other; `prep.pipeline` composes them), and `prep` and `train` are peers: neither imports the other."""
 
 from __future__ import annotations
 
@@ -92,8 +92,30 @@ def test_schemas_import_no_stage_and_stages_meet_through_files() -> None:
             assert not any(t.startswith("prep.shards") for t in targets), (module, targets)
         if module.startswith("prep.shards"):
             assert not any(t.startswith("prep.pack") for t in targets), (module, targets)
+        if module.startswith("prep.pack"):  # the composition sits above the stages it composes
+            assert "prep.pipeline" not in targets, (module, targets)
+        if module == "train.context_parallel":  # below the Megatron step that slices with it
+            assert not any(t.startswith("train.megatron") for t in targets), (module, targets)
         if module.startswith("packvlm"):
             assert not any(t.startswith(("prep", "train")) for t in targets), (module, targets)
         if module.startswith("families"):  # beneath both stages: prep/train -> families -> schemas/packvlm
             assert not any(t.startswith(("prep", "train")) for t in targets), (module, targets)
     assert graph["packvlm.errors"] == set(), "every layer imports packvlm.errors: it imports nothing of ours"
+
+
+def _crossings(graph: dict[str, set[str]], source: str, target: str) -> set[tuple[str, str]]:
+    return {
+        (module, t)
+        for module, targets in graph.items()
+        if module.split(".")[0] == source
+        for t in targets
+        if t.split(".")[0] == target
+    }
+
+
+def test_prep_and_train_are_peers() -> None:
+    """What both stages need lives below them (`schemas`, `packvlm`); they meet only through files."""
+    graph = _imports(_modules())
+    train_to_prep = _crossings(graph, "train", "prep")
+    assert train_to_prep == set(), "train imports prep: move what both need down"
+    assert _crossings(graph, "prep", "train") == set(), "prep imports train"

@@ -128,7 +128,8 @@ def check_pack_against_tokenized(
     assert [m["ref"] for m in meta["media"]] == expected_media
     for m in meta["media"]:
         assert media[m["member"]] == original_bytes(m["ref"]), m
-    assert meta["cu_seqlens"][-1] == len(expected_ids) <= meta["pack_size"]
+    assert meta["cu_seqlens"][-1] == len(expected_ids) <= meta["cu_seqlens_padded"][-1]
+    assert "pack_size" not in meta  # stored once, in the pack manifest
 
 
 def meta_of(members: dict[str, bytes]) -> dict:

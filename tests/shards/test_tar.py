@@ -116,7 +116,6 @@ def test_media_names():
 def test_pack_meta_json_round_trip():
     meta = PackMeta(
         key="pack-00000000",
-        pack_size=16,
         num_tokens=5,
         cu_seqlens=(0, 2, 5),
         cu_seqlens_padded=(0, 4, 8),

@@ -212,7 +212,6 @@ def loaded_pack(
     )
     meta = PackMeta(
         key=key,
-        pack_size=int(sum(slots)),
         num_tokens=int(sum(lengths)),
         cu_seqlens=tuple(int(x) for x in np.cumsum([0, *lengths])),
         cu_seqlens_padded=tuple(int(x) for x in np.cumsum([0, *slots])),

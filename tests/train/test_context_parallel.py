@@ -14,9 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from train.batch import IGNORE_INDEX, PackedBatch
-from train.context_parallel import padding_problem, partition_index, slice_for_rank, slot_multiple
+from train.context_parallel import (
+    ContextParallelPaddingError,
+    padding_problem,
+    partition_index,
+    slice_for_rank,
+    slot_multiple,
+)
 from train.dataset import TrainConfigError, open_packed_dataset
-from train.megatron import ContextParallelPaddingError, get_batch
+from train.megatron import get_batch
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed"),

@@ -26,10 +26,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from click.testing import CliRunner
 
-from prep.energon.index import index_dataset, parse_split_ratio, read_index
+from prep.energon.index import index_dataset, parse_split_ratio
 from prep.example.model import write_tiny_model
 from prep.run import LOCAL
 from prep.tokenize.stage import TokenizeConfig, run_tokenize
+from schemas.energon import read_index
 from schemas.packed import META_MEMBER
 from schemas.train import FINAL_DIR, METRICS_FILE
 from tests.shards.oracles import pack

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,18 @@ def copy(images, tmp_path) -> Path:
     return out
 
 
+def test_both_recipes_take_the_loaders_defaults():
+    """The loader flags are declared once, on LoaderConfig: `train hf` and `train megatron` default to its values."""
+    from packvlm.cli import default_of
+    from train.recipes.hf import HFTrainConfig
+    from train.recipes.megatron import MegatronTrainConfig
+
+    names = ("num_workers", "packs_per_microbatch", "seed", "sampling", "pixels", "shuffle_buffer_size")
+    loader = {name: default_of(LoaderConfig, name) for name in names}
+    assert {name: default_of(HFTrainConfig, name) for name in names} == loader
+    assert {name: default_of(MegatronTrainConfig, name) for name in names} == loader
+
+
 def test_valid_dataset_info(images):
     info = open_packed_dataset(images.path, str(images.processor))
     assert info.num_packs == images.packed.manifest.packs.packs and info.pack_size == 1024
@@ -228,6 +241,69 @@ def test_wrong_pack_json_version(copy):
                 info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     with pytest.raises(TrainConfigError, match="pack json version 99"):
+        open_packed_dataset(copy)
+
+
+def _as_written_by_version_2(root: Path) -> None:
+    """Rewrite a packed, indexed directory as packvlm wrote it before pack_size was stored once: every pack
+    json version 2 with its ``pack_size``, manifest version 3 with ``packs.pack_size``, dataset.yaml
+    subflavors ``format_version: 2`` with ``pack_size``."""
+    import io
+    import tarfile
+
+    from prep.energon.index import index_dataset
+    from schemas.manifest import file_sha256
+
+    manifest = json.loads((root / "manifest.json").read_text())
+    pack_size = manifest["pack_size"]
+    shards = json.loads((root / "shards.json").read_text())
+    for record in shards["shards"]:
+        path = root / record["name"]
+        with tarfile.open(path) as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar]
+        with tarfile.open(path, "w") as tar:
+            for info, data in members:
+                if info.name.endswith(".json"):
+                    raw = json.loads(data)
+                    data = json.dumps({**raw, "version": 2, "pack_size": pack_size}).encode()
+                    info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        record["bytes"], record["sha256"] = path.stat().st_size, file_sha256(path)
+    (root / "shards.json").write_text(json.dumps(shards))
+    index_dataset(root)  # the members moved: Energon's offsets anew
+    manifest["schema_version"] = 3
+    manifest["packs"]["pack_size"] = pack_size
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    definition = yaml.safe_load((root / ".nv-meta" / "dataset.yaml").read_text())
+    definition["subflavors"] = {"format": "packvlm.packed", "format_version": 2, "pack_size": pack_size}
+    (root / ".nv-meta" / "dataset.yaml").write_text(yaml.dump(definition, sort_keys=False))
+
+
+def test_data_written_by_version_2_still_trains(images, copy):
+    """Pack json v2, dataset.yaml format_version 2 and pack manifest v3 (each with its pack_size copy) read as
+    before: the same dataset info and the same micro-batches as the current format."""
+    _as_written_by_version_2(copy)
+    with tarfile.open(copy / "shards" / "shard-000000.tar") as tar:  # the rewrite took
+        first = json.load(tar.extractfile(next(m for m in tar if m.name.endswith(".json"))))
+    assert first["version"] == 2 and first["pack_size"] == 1024
+    assert open_packed_dataset(copy, str(images.processor)) == dataclasses.replace(
+        open_packed_dataset(images.path, str(images.processor)), path=copy.resolve()
+    )
+    old, new = _take(make_loader(_config(images, data=str(copy))), 3), _take(make_loader(_config(images)), 3)
+    assert [b.pack_keys for b in old] == [b.pack_keys for b in new]
+    assert all(torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels) for a, b in zip(old, new))
+    assert all(torch.equal(a.cu_seqlens, b.cu_seqlens) for a, b in zip(old, new))
+
+
+def test_pack_manifest_whose_pack_size_copies_disagree(copy):
+    """The copies a manifest still holds are read and checked, not trusted one at a time."""
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "config": {**manifest["config"], "pack_size": 2048}}))
+    with pytest.raises(TrainConfigError, match=r"config.pack_size 2048 differs from pack_size 1024.*prep pack"):
+        open_packed_dataset(copy)
+    old = {**manifest, "schema_version": 3, "packs": {**manifest["packs"], "pack_size": 4096}}
+    (copy / "manifest.json").write_text(json.dumps(old))
+    with pytest.raises(TrainConfigError, match=r"packs.pack_size 4096 differs from pack_size 1024"):
         open_packed_dataset(copy)
 
 

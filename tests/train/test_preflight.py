@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from packvlm.errors import ExitCode
 from packvlm.optional import MissingPackageError, is_installed, require_package
-from prep.energon.index import read_index
 from prep.example.model import write_tiny_model
+from schemas.energon import read_index
 from schemas.layout import RUN_FILE
 from schemas.train import CHECKPOINTS_DIR, METRICS_FILE
 from train.cli import main

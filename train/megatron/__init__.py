@@ -26,8 +26,8 @@ that need them say what to install.
 
 from __future__ import annotations
 
+from train.context_parallel import ContextParallelPaddingError
 from train.megatron.params import (
-    ContextParallelPaddingError,
     MegatronNotInstalledError,
     PackedSeqFields,
     check_context_parallel,

@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from packvlm.errors import ResourceError, UsageError
+from packvlm.errors import ResourceError
 from train.batch import PackedBatch
+from train.context_parallel import ContextParallelPaddingError
 
 MEGATRON_INSTALL_HINT = (
     "pip install 'packvlm[megatron]' (megatron-core); THD attention also needs a CUDA GPU and "
@@ -46,10 +47,6 @@ MEGATRON_INSTALL_HINT = (
 
 class MegatronNotInstalledError(ResourceError, ImportError):
     """megatron-core (or Transformer Engine) is needed for this call and is not importable."""
-
-
-class ContextParallelPaddingError(UsageError, ValueError):
-    """A slot of the micro-batch cannot be split into ``2 * cp`` equal chunks."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -39,9 +39,9 @@ import torch
 from tqdm import tqdm
 from transformers import get_scheduler
 
+from packvlm.cli import default_of
 from packvlm.errors import UsageError
 from packvlm.faults import crash_point
-from prep.cli_options import default_of
 from schemas.train import FINAL_DIR, LOG_FILE, METRICS_FILE
 from train.attention import select_attention
 from train.batch import PackedBatch
@@ -123,8 +123,8 @@ class HFTrainConfig:
     lr_schedule: str = "cosine"  # any transformers.get_scheduler name
     max_grad_norm: float = 1.0
     grad_accum: int = 1
-    packs_per_microbatch: int = 1
-    seed: int = 0
+    packs_per_microbatch: int = default_of(LoaderConfig, "packs_per_microbatch")
+    seed: int = default_of(LoaderConfig, "seed")
     save_every: int = 0  # 0: only at the end
     keep_last: int = 0  # keep only the newest N checkpoints; 0: all
     stop_after: int | None = None  # checkpoint and exit after this step; the schedule still spans max_steps
@@ -132,10 +132,11 @@ class HFTrainConfig:
     resume_if_exists: bool = False  # resume when OUT holds a checkpoint, else start fresh
     final_export: bool = True  # export the last checkpoint to OUT/final when the run reaches max_steps
     device: str = "auto"
-    num_workers: int = 2
-    sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
-    pixels: PixelWire = "uint8"  # image pixels from the loader workers (train.pixels); "float32" as processed
-    shuffle_buffer_size: int = 100  # with sampling "buffer"
+    # the loader's options: their defaults are LoaderConfig's (train.loader)
+    num_workers: int = default_of(LoaderConfig, "num_workers")
+    sampling: Sampling = default_of(LoaderConfig, "sampling")
+    pixels: PixelWire = default_of(LoaderConfig, "pixels")
+    shuffle_buffer_size: int = default_of(LoaderConfig, "shuffle_buffer_size")
     # a collective waiting longer than this for another rank fails, so the living ranks exit when one
     # dies instead of hanging (a checkpoint save on rank 0 is waited for at a barrier: keep it long)
     dist_timeout_s: int = 1800

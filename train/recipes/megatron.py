@@ -44,14 +44,14 @@ import torch.distributed as dist
 
 from families.processor import load_processor
 from packvlm.atomic import atomic_path
+from packvlm.cli import default_of
 from packvlm.errors import UsageError
-from prep.cli_options import default_of
 from schemas.train import LOG_FILE, METRICS_FILE
 from train.batch import PackedBatch
 from train.dataset import TrainConfigError
 from train.distributed import DistContext, all_reduce_grads, all_reduce_sum, init_distributed
 from train.identity import load_model_config
-from train.loader import Sampling, make_loader, rank_loader_config, validate_loader_config
+from train.loader import LoaderConfig, Sampling, make_loader, rank_loader_config, validate_loader_config
 from train.media import PixelWire
 from train.megatron.model import GPTConfig, build_gpt_model, require_megatron_gpu, vlm_gpt_config
 from train.megatron.step import forward_step
@@ -87,15 +87,16 @@ class MegatronTrainConfig:
     num_attention_heads: int | None = None  # text: TEXT_ATTENTION_HEADS; with images: the HF text config's
     lr: float = 1e-4
     max_grad_norm: float = 1.0
-    seed: int = 0
-    packs_per_microbatch: int = 1
+    seed: int = default_of(LoaderConfig, "seed")
+    packs_per_microbatch: int = default_of(LoaderConfig, "packs_per_microbatch")
     grad_accum: int = 1
     ignore_media: bool = False
     model_config: Path | None = None  # HF config dir for the loader's Qwen-VL rope index
-    num_workers: int = 2
-    sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
-    pixels: PixelWire = "uint8"  # image pixels from the loader workers (train.pixels); "float32" as processed
-    shuffle_buffer_size: int = 100  # with sampling "buffer"
+    # the loader's options: their defaults are LoaderConfig's (train.loader)
+    num_workers: int = default_of(LoaderConfig, "num_workers")
+    sampling: Sampling = default_of(LoaderConfig, "sampling")
+    pixels: PixelWire = default_of(LoaderConfig, "pixels")
+    shuffle_buffer_size: int = default_of(LoaderConfig, "shuffle_buffer_size")
     context_parallel_size: int = 1  # slots must be multiples of 2x this (prep pack --pad-to-multiple-of)
 
     def fingerprint(self) -> dict[str, Any]:

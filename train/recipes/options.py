@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from prep.cli_options import default_of
+from packvlm.cli import default_of
 from train.loader import SAMPLINGS
 from train.media import PIXEL_WIRES
 

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
-from prep.cli_options import default_of
+from packvlm.cli import default_of
 from train.lora import LORA_EXPORTS
 from train.trainable import GROUPS
 

@@ -1,4 +1,6 @@
-"""A click group that ends every command with one exit code per kind of failure (`packvlm.errors`).
+"""Click pieces every command group uses: one exit code per kind of failure, ``--debug``, defaults.
+
+`ErrorMappingGroup` ends every command with one exit code per kind of failure (`packvlm.errors`).
 
 Every failure is one line, ``error: <what happened and what to fix>``, and one exit code. The
 group catches the four bases, never the stages' classes one by one: `UsageError` (2),
@@ -13,10 +15,14 @@ Errors that are not ours are sorted once here: an ``OSError`` or a
 is freed), anything else is a bug (4, one line; the traceback only with ``--debug``). Ctrl-C
 ends in one line, ``interrupted`` plus the group's `interrupt_hint`, with exit 130 (click
 alone prints "Aborted!").
+
+Each default lives once, on the stage's config dataclass; an option shows it with
+``default=default_of(Config, "field")``, so ``--help``, the Python API and the manifest agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import sys
 from typing import Any, ClassVar, NoReturn
@@ -113,3 +119,15 @@ def _fail(message: str, code: int) -> NoReturn:
 def debug_option(func: click.decorators.FC) -> click.decorators.FC:
     """``--debug``: keep tracebacks of unexpected errors (read by `ErrorMappingGroup`)."""
     return click.option("--debug", is_flag=True, help="Show tracebacks of unexpected errors.")(func)
+
+
+def default_of(config_cls: type, name: str) -> Any:
+    """The default of field ``name`` of a config dataclass."""
+    for f in dataclasses.fields(config_cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            raise ValueError(f"{config_cls.__name__}.{name} has no default")
+    raise ValueError(f"{config_cls.__name__} has no field {name!r}")
