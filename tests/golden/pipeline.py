@@ -6,10 +6,13 @@ source paths; the recorded digests hold only for that path.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import subprocess
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,12 +56,21 @@ V1_MEDIA_FIELDS = (
 )
 
 
+@contextmanager
+def exclusive(root: Path = ROOT) -> Iterator[None]:
+    """Hold the fixed path alone: two test runs on one machine would rebuild it under each other."""
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def run(root: Path = ROOT) -> None:
-    """Run the example pipeline from scratch under ``root``."""
+    """Run the example pipeline from scratch under ``root`` (hold `exclusive` around it and the digests)."""
     subprocess.run(["rm", "-rf", str(root)], check=True)
     root.mkdir(parents=True)
     for command in COMMANDS:
-        subprocess.run(command.split(), cwd=root, check=True, capture_output=True)
+        done = subprocess.run(command.split(), cwd=root, capture_output=True, text=True)
+        assert done.returncode == 0, f"{command!r} exited {done.returncode}: {done.stderr[-2000:]}"
 
 
 def _sha(data: bytes) -> str:

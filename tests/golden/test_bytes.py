@@ -24,8 +24,9 @@ RECORDED = json.loads((Path(__file__).parent / "pre_refactor.json").read_text())
 
 @pytest.mark.skipif(not os.access("/tmp", os.W_OK), reason="needs the fixed path /tmp/packvlm-golden")
 def test_example_pipeline_bytes_unchanged() -> None:
-    pipeline.run()
-    got = pipeline.digests()
+    with pipeline.exclusive():
+        pipeline.run()
+        got = pipeline.digests()
     media = {k: v for k, v in RECORDED.items() if k.startswith("data/")}
     if {k: got.get(k) for k in media} != media:
         pytest.skip("the example's encoded media differ from the recording (another Pillow build)")
