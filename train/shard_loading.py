@@ -206,7 +206,6 @@ def load_own_shards(model: nn.Module, model_dir: Path, key_map: dict[str, str]) 
     to_read: dict[str, Any] = {key_map[name]: tensor for name, tensor in state.items() if name in key_map}
     reader = _CountingReader(str(model_dir))
     dcp.load(to_read, storage_reader=reader)
-    whole = sum(
-        math.prod(info.shape) * info.dtype.itemsize for index, info in reader.storage_data.items() if index.fqn in to_read
-    )
+    stored = reader.storage_data.items()
+    whole = sum(math.prod(info.shape) * info.dtype.itemsize for index, info in stored if index.fqn in to_read)
     return ShardRead(tensors=len(to_read), bytes_read=reader.bytes_read, checkpoint_bytes=whole)

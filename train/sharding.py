@@ -260,11 +260,9 @@ def _read_own_shards(
         model = build_model(model_dir, dtype=dtype, attn_implementation=attn_implementation)
     key_map = checkpoint_key_map(model, checkpoint_keys(files))
     reason = key_map if isinstance(key_map, str) else uncovered(model, key_map)
-    buffers = compute_buffers(model) if reason is None else {}
-    if isinstance(buffers, str):
-        reason = buffers
-    if reason is not None or isinstance(key_map, str) or isinstance(buffers, str):
-        log.warning("%s: rank 0 loads the whole model and broadcasts it (%s)", model_dir, reason)
+    buffers = compute_buffers(model) if reason is None else reason
+    if isinstance(key_map, str) or isinstance(buffers, str):
+        log.warning("%s: rank 0 loads the whole model and broadcasts it (%s)", model_dir, reason or buffers)
         return None
     if prepare is not None:
         prepare(model)

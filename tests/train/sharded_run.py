@@ -151,3 +151,85 @@ def run_ranks(spec: RunSpec) -> RunResult:
         out = str(Path(tmp) / "result.pt")
         mp.start_processes(_worker, args=(spec, free_port(), out), nprocs=spec.world_size, start_method="spawn")
         return torch.load(out, weights_only=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadResult:
+    state: dict[str, torch.Tensor]  # the whole state dict, gathered on rank 0
+    buffers: dict[str, torch.Tensor]
+    bytes_read: list[int]  # per rank: bytes safetensors handed out (slices and whole tensors alike)
+
+
+class _CountingSlice:
+    def __init__(self, inner: object, counter: list[int]) -> None:
+        self.inner, self.counter = inner, counter
+
+    def __getitem__(self, index: object) -> torch.Tensor:
+        tensor = self.inner[index]  # type: ignore[index]
+        self.counter[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+class _CountingFile:
+    """A ``safe_open`` handle counting every byte of tensor data it returns."""
+
+    def __init__(self, inner: object, counter: list[int]) -> None:
+        self.inner, self.counter = inner, counter
+
+    def __enter__(self) -> _CountingFile:
+        self.inner.__enter__()  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *exc: object) -> object:
+        return self.inner.__exit__(*exc)  # type: ignore[attr-defined]
+
+    def get_slice(self, key: str) -> _CountingSlice:
+        return _CountingSlice(self.inner.get_slice(key), self.counter)  # type: ignore[attr-defined]
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        tensor = self.inner.get_tensor(key)  # type: ignore[attr-defined]
+        self.counter[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def _load_worker(rank: int, model_dir: Path, world: int, port: int, out: str) -> None:
+    import safetensors
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
+    import torch.distributed as dist
+
+    from train.distributed import gather_objects, init_distributed, shutdown
+    from train.sharding import full_model_state, load_sharded_model, resolve_plan
+
+    counter = [0]
+    opened = safetensors.safe_open
+    safetensors.safe_open = lambda *a, **k: _CountingFile(opened(*a, **k), counter)  # type: ignore[assignment]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=240))
+    try:
+        ctx = init_distributed("cpu")
+        plan = resolve_plan(ctx, sharding="full", activation_checkpointing=False)
+        model = load_sharded_model(model_dir, seed=0, attn_implementation="packvlm_varlen", plan=plan, ctx=ctx)
+        read = gather_objects(counter[0], ctx)
+        state = {k: v.clone() for k, v in full_model_state(model).items()}
+        if rank == 0:
+            buffers = {k: v.clone() for k, v in model.named_buffers()}
+            torch.save(LoadResult(state, buffers, read), out)
+    finally:
+        shutdown()
+
+
+def load_ranks(model_dir: Path, world_size: int = 2) -> LoadResult:
+    """`train.sharding.load_sharded_model` on ``world_size`` gloo ranks (``--sharding full``, fp32)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "result.pt")
+        args = (model_dir, world_size, free_port(), out)
+        mp.start_processes(_load_worker, args=args, nprocs=world_size, start_method="spawn")
+        return torch.load(out, weights_only=False)
