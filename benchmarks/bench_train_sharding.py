@@ -6,8 +6,8 @@
 
 Model: a Qwen2-VL config scaled to ~170M parameters (text: 12 layers, hidden 1024, MLP 2816,
 16 heads / 4 KV heads; vision: 8 blocks of 512; the example's 3,014-token vocabulary), random
-init
-saved as safetensors (sharded runs read each rank's slices of it), fp32. Data: the example's image/text rows (`prep example`), tokenized and packed at
+init saved as safetensors (sharded runs read each rank's slices of it), fp32. Data: the
+example's image/text rows (`prep example`), tokenized and packed at
 ``--pack-size`` (default 2048), one pack per micro-batch. Each configuration is one
 ``torchrun --nproc_per_node R`` of ``train hf`` with ``--num-workers 0`` (all loader memory in
 the measured process) for ``--steps`` steps:

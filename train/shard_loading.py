@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+PEFT_BASE_LAYER = ".base_layer."  # peft's LoRA layer holds the wrapped module under this name
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -199,11 +200,16 @@ class _CountingReader(HuggingFaceStorageReader):
 def load_own_shards(model: nn.Module, model_dir: Path, key_map: dict[str, str]) -> ShardRead:
     """Fill ``model`` (sharded, materialised) from ``model_dir``: each rank reads only its own slices.
 
-    Every rank calls it (DCP plans collectively). ``key_map`` is `checkpoint_key_map`'s. State-dict
-    entries without a checkpoint key (tied weights, computed buffers) are left as they are.
+    Every rank calls it (DCP plans collectively). ``key_map`` is `checkpoint_key_map`'s, of the model
+    before any LoRA wrapping (peft renames ``q_proj.weight`` to ``q_proj.base_layer.weight``). State-dict
+    entries without a checkpoint key (tied weights, computed buffers, adapters) are left as they are.
     """
     state = get_model_state_dict(model)  # this rank's shards, sharing storage with the parameters
-    to_read: dict[str, Any] = {key_map[name]: tensor for name, tensor in state.items() if name in key_map}
+    to_read: dict[str, Any] = {}
+    for name, tensor in state.items():
+        key = key_map.get(name.replace(PEFT_BASE_LAYER, "."))  # a LoRA-wrapped layer's weight is the base's
+        if key is not None:
+            to_read[key] = tensor
     reader = _CountingReader(str(model_dir))
     dcp.load(to_read, storage_reader=reader)
     stored = reader.storage_data.items()

@@ -208,8 +208,9 @@ def load_sharded_model(
 ) -> nn.Module:
     """The model sharded per ``plan``, master weights in ``dtype``; see the module docstring for who reads what.
 
-    ``prepare`` runs on every copy of the model before `fully_shard` (e.g. freezing: FSDP2 keeps each
-    parameter's ``requires_grad`` as it finds it).
+    ``prepare`` runs on every copy of the model before `fully_shard` (freezing: FSDP2 keeps each
+    parameter's ``requires_grad`` as it finds it; LoRA: peft wraps the layers first). Parameters it
+    adds that the checkpoint lacks (adapters) are the caller's to fill after loading.
     """
     if not plan.sharded:
         model = load_model(
@@ -229,6 +230,8 @@ def load_sharded_model(
     source = None
     if ctx.is_main:
         source = load_model(model_dir, seed=seed, dtype=source_dtype, attn_implementation=attn_implementation)
+        if prepare is not None:  # the same structure as the model it fills (LoRA wraps layers, renaming weights)
+            prepare(source)
     with torch.device("meta"):
         model = build_model(model_dir, dtype=dtype, attn_implementation=attn_implementation)
     if prepare is not None:

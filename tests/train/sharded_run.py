@@ -36,6 +36,7 @@ class RunSpec:
     dtype: torch.dtype = torch.float64
     lr: float = 1e-3
     max_grad_norm: float = 1.0
+    lora_rank: int = 0  # LoRA adapters of this rank on every language-model linear (train.lora); 0: none
 
     @property
     def world_size(self) -> int:
@@ -48,13 +49,14 @@ class RunResult:
     grad_norms: list[float]
     label_tokens: list[int]
     weights: dict[str, torch.Tensor]
-    local_numel: int  # rank 0's parameter elements (its shards when sharded)
+    local_numel: int  # rank 0's trained parameter elements (its shards when sharded)
     local_state_numel: int  # rank 0's AdamW state elements (exp_avg + exp_avg_sq)
-    shapes: list[tuple[int, ...]]  # every parameter's whole shape, each shared parameter once
+    shapes: list[tuple[int, ...]]  # every trained parameter's whole shape, each shared parameter once
 
 
 def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[PackedBatch]]) -> RunResult | None:
     from train.distributed import init_distributed
+    from train.lora import LoraSettings, apply_lora, init_adapters
     from train.recipes.hf import HFTrainConfig, _scheduler, _step
     from train.sharding import full_model_state, load_sharded_model, resolve_plan
     from train.vision_sync import VisionSync
@@ -66,9 +68,18 @@ def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[Pac
         activation_checkpointing=spec.activation_checkpointing,
         cpu_offload=spec.cpu_offload and sharding != "none",
     )
+    lora = LoraSettings(rank=spec.lora_rank) if spec.lora_rank else None
     model = load_sharded_model(
-        spec.model_dir, seed=0, attn_implementation="packvlm_varlen", plan=plan, ctx=ctx, dtype=spec.dtype
+        spec.model_dir,
+        seed=0,
+        attn_implementation="packvlm_varlen",
+        plan=plan,
+        ctx=ctx,
+        dtype=spec.dtype,
+        prepare=None if lora is None else (lambda m: apply_lora(m, lora, seed=0)),  # as train hf: before sharding
     )
+    if lora is not None:
+        init_adapters(model, seed=0)
     model.train()
     config = HFTrainConfig(
         data=Path("-"),
@@ -80,7 +91,8 @@ def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[Pac
         lr_schedule="constant",
         max_grad_norm=spec.max_grad_norm,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)  # a moved weight had a gradient
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=spec.lr, weight_decay=0.0)  # a moved weight had a gradient
     scheduler = _scheduler(optimizer, config)
     vision_sync = VisionSync(model) if plan.sharded else None
     metrics = [
@@ -95,8 +107,8 @@ def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[Pac
         [m.grad_norm for m in metrics],
         [m.num_label_tokens for m in metrics],
         weights,
-        local_numel=sum(_local(p).numel() for p in model.parameters()),
-        shapes=[tuple(p.shape) for p in model.parameters()],
+        local_numel=sum(_local(p).numel() for p in trainable),
+        shapes=[tuple(p.shape) for p in trainable],
         local_state_numel=sum(
             _local(v).numel() for s in optimizer.state.values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")
         ),

@@ -45,7 +45,7 @@ from prep.cli_options import default_of
 from schemas.train import FINAL_DIR, LOG_FILE, METRICS_FILE
 from train.attention import select_attention
 from train.batch import PackedBatch
-from train.checkpoint import TrainerState, copy_processor_files, load_checkpoint, load_loader_state, save_checkpoint
+from train.checkpoint import TrainerState, load_checkpoint, load_loader_state, save_checkpoint
 from train.chunked_loss import chunked_token_loss_sum
 from train.dataset import PackedDatasetInfo
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
@@ -60,7 +60,7 @@ from train.loader import (
     rank_loader_config,
     validate_loader_config,
 )
-from train.lora import LoraExport, LoraSettings, apply_lora, export_merged, save_adapter
+from train.lora import LoraExport, LoraSettings, apply_lora, init_adapters, save_adapter
 from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
@@ -345,24 +345,27 @@ def _fit(
         cpu_offload=config.cpu_offload,
     )
     lora = config.lora()
-    if lora is not None and plan.sharded:
-        raise UsageError(
-            "--lora-rank with FSDP sharding is not supported yet; add --sharding none (the base weights are "
-            "replicated, only the adapters train and are all-reduced)"
-        )
+    wrapped: dict[int, Any] = {}  # id(model) -> its peft wrapper (rank 0 may prepare a second, source copy)
+
+    def prepare(m: torch.nn.Module) -> None:  # before fully_shard, on every copy of the model
+        if config.freeze:
+            freeze(m, config.freeze)
+        if lora is not None:
+            wrapped[id(m)] = apply_lora(m, lora, seed=config.seed)
+
     model = load_sharded_model(  # a checkpoint's weights (and LoRA adapters) are loaded below, after sharding
         config.model,
         seed=config.seed,
         attn_implementation=attention,
         plan=plan,
         ctx=ctx,
-        prepare=(lambda m: freeze(m, config.freeze)) if config.freeze else None,  # before fully_shard
+        prepare=prepare if config.freeze or lora is not None else None,
     )
     model.train()
     vision_sync = VisionSync(model) if plan.sharded else None
-    saved = model  # what a LoRA checkpoint also writes as a peft adapter: the peft wrapper
+    saved = wrapped.get(id(model), model)  # what a LoRA checkpoint also writes as a peft adapter: the peft wrapper
     if lora is not None:
-        saved = apply_lora(model, lora, seed=config.seed)
+        init_adapters(model, config.seed)  # drawn on the materialised shards, whichever way they were loaded
     if not num_trainable(model):
         raise UsageError(f"--freeze {' --freeze '.join(config.freeze)} leaves nothing to train")
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.lr, weight_decay=config.weight_decay)
@@ -451,8 +454,8 @@ def _fit(
                 log.info("exported %s", export_checkpoint(path, config.output / FINAL_DIR, replace=True))
     progress.close()
     if lora is not None and config.lora_export == "merged" and last == config.max_steps and ctx.is_main:
-        merged = export_merged(saved, config.output / "merged")
-        copy_processor_files(config.processor, merged)
+        # from the last checkpoint's shards in this one process: the base weights are never gathered on the ranks
+        merged = export_checkpoint(path, config.output / "merged", replace=True)
         log.info("merged model %s", merged)
     reporter.close()
     return history
