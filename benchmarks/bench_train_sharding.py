@@ -50,7 +50,7 @@ from machine import cpu_model
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 MODES = {  # mode -> extra `train hf` flags
-    "none": (),
+    "none": ("--sharding", "none"),
     "full": ("--sharding", "full"),
     "full+ac": ("--sharding", "full", "--activation-checkpointing"),
     "offload": ("--sharding", "full", "--cpu-offload"),

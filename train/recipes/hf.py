@@ -95,6 +95,7 @@ RESUME_MAY_CHANGE = (
     "stop_after",
     "pixels",
     "final_export",
+    "final_checkpoint",
     "grad_accum",
     "dist_timeout_s",
     "lora_export",
@@ -131,6 +132,9 @@ class HFTrainConfig:
     resume: bool = False
     resume_if_exists: bool = False  # resume when OUT holds a checkpoint, else start fresh
     final_export: bool = True  # export the last checkpoint to OUT/final when the run reaches max_steps
+    # False: no checkpoint at max_steps (so no OUT/final either): a benchmark or smoke run that measures
+    # steps only (a 3.75B model's checkpoint is ~60 GB of fp32 weights + AdamW); --stop-after still saves
+    final_checkpoint: bool = True
     device: str = "auto"
     num_workers: int = 2
     sampling: Sampling = "epoch"  # every pack once per epoch; "buffer": Energon's streaming shuffle buffer
@@ -151,6 +155,8 @@ class HFTrainConfig:
     cpu_offload: bool = False  # FSDP shards, gradients and optimizer state in host memory
 
     def __post_init__(self) -> None:
+        if not self.final_checkpoint and self.lora_rank and self.lora_export == "merged":
+            raise UsageError("--lora-export merged is written from the final checkpoint; drop --no-final-checkpoint")
         if self.lora_rank and self.freeze:
             raise UsageError("--freeze has no effect with --lora-rank (only the adapters train); drop --freeze")
         if {"vision", "projector", "language"} <= set(self.freeze):  # checked before the run directory is claimed
@@ -224,6 +230,13 @@ def _default(name: str) -> Any:
     default=_default("final_export"),
     show_default=True,
     help="When the run reaches --max-steps, write OUT/final: save_pretrained + processor files (`train export`).",
+)
+@click.option(
+    "--final-checkpoint/--no-final-checkpoint",
+    default=_default("final_checkpoint"),
+    show_default=True,
+    help="Checkpoint at --max-steps (off: no checkpoint and no OUT/final at the end, e.g. for a benchmark run; "
+    "--save-every and --stop-after checkpoints are still written).",
 )
 @click.option(
     "--eval-every",
@@ -432,7 +445,8 @@ def _fit(
             if ctx.is_main:
                 log.info("%s (train loss %.4f)", result.log_line(config.max_steps), metrics.loss)
         reporter.log(step, reported)
-        if step == last or (config.save_every and step % config.save_every == 0):
+        final = step == last and (config.final_checkpoint or last < config.max_steps)
+        if final or (config.save_every and step % config.save_every == 0):
             position = global_position(loader)
             state = TrainerState(
                 step=step, world_size=ctx.world_size, global_batch_packs=global_batch_packs, data=position

@@ -204,3 +204,17 @@ def test_lora_under_fsdp_resumes_and_exports_like_one_process(nine_packs, tmp_pa
         b = adapters[1][prefix + name.replace(".weight", ".lora_A.weight").replace("lora_A", "lora_B")]
         expected = initial[name].double() + scale * b.double() @ a.double()
         torch.testing.assert_close(tensor.double(), expected, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_no_final_checkpoint_trains_and_writes_no_checkpoint(nine_packs, tmp_path):
+    """--no-final-checkpoint (the GPU suite's `train hf` part: a 3.75B checkpoint is ~60 GB): the steps and their
+    metrics, no checkpoint and no OUT/final; with --lora-export merged (written from that checkpoint) refused."""
+    out = tmp_path / "bench"
+    args = ["hf", *_args(nine_packs, out), "--num-workers", "0", "--max-steps", "1", "--no-final-checkpoint"]
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 0, done.output
+    assert [m["step"] for m in read_metrics(out / METRICS_FILE)] == [1]
+    assert not list((out / CHECKPOINTS_DIR).glob("step-*")) and not (out / FINAL_DIR).exists()
+    merged = CliRunner().invoke(main, [*args[:-1], "--output", str(tmp_path / "m"), "--lora-rank", "2",
+                                       "--lora-export", "merged", "--no-final-checkpoint"])  # fmt: skip
+    assert merged.exit_code == 2 and "drop --no-final-checkpoint" in merged.output
