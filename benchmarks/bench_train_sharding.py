@@ -2,10 +2,12 @@
 
     python benchmarks/bench_train_sharding.py                       # 1, 2 and 4 ranks, every mode
     python benchmarks/bench_train_sharding.py --ranks 1 --modes none --steps 2
+    python benchmarks/bench_train_sharding.py --runs 1:none 2:none 2:full 2:full+ac 2:offload 4:full --steps 1
 
 Model: a Qwen2-VL config scaled to ~170M parameters (text: 12 layers, hidden 1024, MLP 2816,
 16 heads / 4 KV heads; vision: 8 blocks of 512; the example's 3,014-token vocabulary), random
-init, fp32. Data: the example's image/text rows (`prep example`), tokenized and packed at
+init saved as safetensors (sharded runs read each rank's slices of it), fp32. Data: the
+example's image/text rows (`prep example`), tokenized and packed at
 ``--pack-size`` (default 2048), one pack per micro-batch. Each configuration is one
 ``torchrun --nproc_per_node R`` of ``train hf`` with ``--num-workers 0`` (all loader memory in
 the measured process) for ``--steps`` steps:
@@ -48,7 +50,7 @@ from machine import cpu_model
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 MODES = {  # mode -> extra `train hf` flags
-    "none": (),
+    "none": ("--sharding", "none"),
     "full": ("--sharding", "full"),
     "full+ac": ("--sharding", "full", "--activation-checkpointing"),
     "offload": ("--sharding", "full", "--cpu-offload"),
@@ -106,6 +108,11 @@ def prepare(work: Path, pack_size: int) -> tuple[Path, Path, Path]:
     model = work / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps(config, indent=2))
+    from train.models import load_model
+
+    # weights on disk: sharded runs then read each rank's slices of them (train.shard_loading), as a real
+    # checkpoint is read, rather than drawing the whole random init on rank 0
+    load_model(model, seed=0, attn_implementation="sdpa").save_pretrained(model)
     return packed, model, example / "processor"
 
 
@@ -196,6 +203,9 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--pack-size", type=int, default=2048)
+    parser.add_argument(
+        "--runs", nargs="+", help="RANKS:MODE pairs (e.g. 1:none 2:full 4:full) instead of every --ranks x --modes"
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.worker is not None:
@@ -211,22 +221,24 @@ def main() -> None:
         single: int | None = None
         print(f"{'ranks':>5} {'mode':<8} {'state GiB':>10} {'vs 1-rank/R':>11} {'plan state':>10} "
               f"{'peak GiB':>9} {'plan GiB':>9} {'plan/peak':>9}")  # fmt: skip
-        for ranks in args.ranks:
-            for mode in args.modes:
-                missing = [f for f in MODES[mode] if f.startswith("--") and f not in flags]
-                if missing:
-                    print(f"{ranks:>5} {mode:<8} not available on this branch (train hf has no {', '.join(missing)})")
-                    continue
-                measured = measure(ranks, mode, inputs, work, args.steps)
-                state = max(m.state_bytes for m in measured)
-                peak = max(m.peak_rise_bytes for m in measured)
-                patches = max(m.vision_patches for m in measured)
-                plan_state, plan_total = plan_for(ranks, mode, inputs[1], args.pack_size, patches)
-                if ranks == 1 and mode == "none":
-                    single = state
-                ideal = f"{state / (single / ranks):11.3f}" if single else f"{'-':>11}"
-                print(f"{ranks:>5} {mode:<8} {state / GIB:10.3f} {ideal} {plan_state / GIB:10.3f} "
-                      f"{peak / GIB:9.3f} {plan_total / GIB:9.3f} {plan_total / peak:9.3f}")  # fmt: skip
+        runs = [(r, m) for r in args.ranks for m in args.modes]
+        if args.runs:
+            runs = [(int(r), m) for r, m in (run.split(":") for run in args.runs)]
+        for ranks, mode in runs:
+            missing = [f for f in MODES[mode] if f.startswith("--") and f not in flags]
+            if missing:
+                print(f"{ranks:>5} {mode:<8} not available on this branch (train hf has no {', '.join(missing)})")
+                continue
+            measured = measure(ranks, mode, inputs, work, args.steps)
+            state = max(m.state_bytes for m in measured)
+            peak = max(m.peak_rise_bytes for m in measured)
+            patches = max(m.vision_patches for m in measured)
+            plan_state, plan_total = plan_for(ranks, mode, inputs[1], args.pack_size, patches)
+            if ranks == 1 and mode == "none":
+                single = state
+            ideal = f"{state / (single / ranks):11.3f}" if single else f"{'-':>11}"
+            print(f"{ranks:>5} {mode:<8} {state / GIB:10.3f} {ideal} {plan_state / GIB:10.3f} "
+                  f"{peak / GIB:9.3f} {plan_total / GIB:9.3f} {plan_total / peak:9.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@
 #                              tokens/s, MFU, peak memory (benchmarks/bench_train_real.py)
 #   train_hf.{json,txt}        `train hf` itself at that size on `prep example` data (when the prep
 #                              stack imports), with --sharding full --activation-checkpointing when
-#                              `train hf --help` lists them, and peak GPU memory from nvidia-smi
+#                              `train hf --help` lists them, and peak GPU memory from nvidia-smi; with
+#                              --no-final-checkpoint (steps, eval and memory are what it reports)
 #   plan.txt                   `train hf --plan` for the same shape, when the command has it
 #   summary.md, summary.json   one table of all of it, and each part's exit status
 #
@@ -132,6 +133,11 @@ HELP=$("$PY" -m train.cli hf --help 2>/dev/null || true)
 HF_FLAGS=()
 if grep -q -- "--sharding" <<<"$HELP"; then HF_FLAGS+=(--sharding full); fi
 if grep -q -- "--activation-checkpointing" <<<"$HELP"; then HF_FLAGS+=(--activation-checkpointing); fi
+# the run is measured by its steps, eval and peak memory: no final 3.75B checkpoint (~60 GB of fp32 weights +
+# AdamW state written by DCP) and so no OUT/final export, which ran past the part's limit on the H200
+HF_RUN_FLAGS=()
+if grep -q -- "--no-final-checkpoint" <<<"$HELP"; then HF_RUN_FLAGS+=(--no-final-checkpoint);
+elif grep -q -- "--no-final-export" <<<"$HELP"; then HF_RUN_FLAGS+=(--no-final-export); fi
 if [ -z "${SKIP_TRAIN_HF:-}" ] && [ "$HAS_CUDA" = 1 ] && [ -n "$HELP" ] && "$PY" -c "import megatron.energon, prep.pack.core" 2>/dev/null; then
   part train_hf_data 90 bash -c "
     set -e
@@ -145,7 +151,8 @@ if [ -z "${SKIP_TRAIN_HF:-}" ] && [ "$HAS_CUDA" = 1 ] && [ -n "$HELP" ] && "$PY"
       [ -n "$m" ] && [ "$m" -gt "$peak" ] && peak=$m && echo "$peak" > "$OUT/train_hf_peak_mib.txt"; done ) &
   SAMPLER=$!
   part train_hf 150 "$PY" -m train.cli hf --data "$WORK/packed" --model "$WORK/model" --processor "$WORK/ex/processor" \
-    --output "$WORK/run" --max-steps "${HF_STEPS:-8}" --num-workers 4 --lr 1e-5 --eval-every "${HF_STEPS:-8}" "${HF_FLAGS[@]}"
+    --output "$WORK/run" --max-steps "${HF_STEPS:-8}" --num-workers 4 --lr 1e-5 --eval-every "${HF_STEPS:-8}" "${HF_FLAGS[@]}" \
+    "${HF_RUN_FLAGS[@]}"
   kill "$SAMPLER" 2>/dev/null
   cp "$WORK/run/metrics.jsonl" "$OUT/train_hf_metrics.jsonl" 2>/dev/null
   cp "$WORK/run/eval.jsonl" "$OUT/train_hf_eval.jsonl" 2>/dev/null

@@ -61,6 +61,7 @@ from train.global_order import DataPosition
 # Files of a processor directory that a checkpoint carries (weights and caches never).
 PROCESSOR_FILE_PATTERNS = ("*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken")
 MODEL_FILES = ("config.json", "generation_config.json")
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # a LoRA checkpoint's peft adapter: never a processor file
 DISK_FULL_BYTES = 1 << 20  # a write failing with less free than this is a full disk
 
 
@@ -127,7 +128,7 @@ def copy_processor_files(processor_dir: Path, dest: Path) -> None:
         return
     for pattern in PROCESSOR_FILE_PATTERNS:
         for src in processor_dir.glob(pattern):
-            if src.name not in (*MODEL_FILES, TRAINER_STATE_FILE):
+            if src.name not in (*MODEL_FILES, TRAINER_STATE_FILE, ADAPTER_CONFIG_FILE):
                 shutil.copy2(src, dest / src.name)
 
 

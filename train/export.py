@@ -12,10 +12,14 @@ meta device (no second copy of the weights, no random init), assigns the weights
 
 The directory is written under a temp name and renamed when complete. `train hf` exports its
 last checkpoint to ``OUT/final`` when it reaches ``--max-steps`` (``--no-final-export``: not).
+A LoRA checkpoint (``--lora-rank``: its shards hold base weights and adapters, its
+``adapter_config.json`` the scale) exports merged: each adapted weight is ``W0 + (B @ A) * alpha / r``
+(`train.lora.fold_adapters`); ``train hf --lora-export merged`` writes ``OUT/merged`` so.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -28,6 +32,7 @@ from transformers import AutoConfig
 from packvlm.errors import UsageError
 from schemas.layout import TMP_PREFIX
 from train.checkpoint import copy_processor_files, read_model_state
+from train.lora import fold_adapters, is_adapter_parameter
 from train.models import auto_model_class
 
 log = logging.getLogger(__name__)
@@ -50,6 +55,8 @@ def export_checkpoint(checkpoint: Path, dest: Path, *, dtype: str | None = None,
     if dest.exists() and not replace:
         raise ExportError(f"--to {dest} exists; remove it or choose another directory")
     state = read_model_state(checkpoint)
+    if any(is_adapter_parameter(k) for k in state):
+        state = fold_adapters(state, _lora_scale(checkpoint))
     config = AutoConfig.from_pretrained(str(checkpoint))
     if dtype is not None:
         state = {k: v.to(DTYPES[dtype]) if v.is_floating_point() else v for k, v in state.items()}
@@ -78,6 +85,17 @@ def export_checkpoint(checkpoint: Path, dest: Path, *, dtype: str | None = None,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def _lora_scale(checkpoint: Path) -> float:
+    """alpha / r of the adapter a LoRA checkpoint carries (its ``adapter_config.json``)."""
+    path = checkpoint / "adapter_config.json"
+    if not path.is_file():
+        raise ExportError(f"{checkpoint} holds LoRA adapters but no adapter_config.json; export the run's checkpoint")
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("use_rslora") or config.get("alpha_pattern") or config.get("rank_pattern"):
+        raise ExportError(f"{path}: only plain LoRA (lora_alpha / r, as train hf writes) can be merged here")
+    return float(config["lora_alpha"]) / float(config["r"])
 
 
 def _is_meta(model: torch.nn.Module, name: str) -> bool:

@@ -22,14 +22,15 @@ the mesh: the global norm.
 Precision: on CUDA the compute copy is bf16 and gradients are reduced in fp32 over fp32
 master shards (``MixedPrecisionPolicy``); on CPU everything is fp32, exact.
 
-Loading (`load_sharded_model`): rank 0 alone builds the model on the host (weights read by
-``from_pretrained`` in the checkpoint's own dtype, or a config-only directory initialised
-from ``--seed`` exactly as one process would), every other rank builds it on the meta device;
-each rank shards its empty model and ``set_model_state_dict(..., broadcast_from_rank0=True)``
-sends one tensor at a time, each rank keeping its slice. Host memory: one model copy in the
-whole job (rank 0's) plus one tensor in flight, never a copy per rank. Reading each rank's
-slices straight from the safetensors files would skip the broadcast, but not transformers'
-key renames and weight conversions, which ``from_pretrained`` applies.
+Loading (`load_sharded_model`): with safetensors weights, each rank builds the model on the meta
+device, shards it and reads only its own slices of the files (`train.shard_loading`: DCP's
+``HuggingFaceStorageReader`` behind transformers' key renames): no rank ever holds the whole
+model. Otherwise (``pytorch_model*.bin``, a checkpoint whose keys need more than a rename, or a
+config-only directory initialised from ``--seed`` exactly as one process would) rank 0 alone
+builds the whole model on the host, every other rank on the meta device; each rank shards its
+empty model and ``set_model_state_dict(..., broadcast_from_rank0=True)`` sends one tensor at a
+time, each rank keeping its slice: one model copy in the whole job (rank 0's) plus one tensor
+in flight.
 """
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from packvlm.errors import UsageError
 from train.distributed import DistContext
 from train.models import build_model, has_weights, load_model
+from train.shard_loading import (
+    checkpoint_key_map,
+    checkpoint_keys,
+    compute_buffers,
+    load_own_shards,
+    restore_buffers,
+    safetensors_files,
+    uncovered,
+)
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +208,9 @@ def load_sharded_model(
 ) -> nn.Module:
     """The model sharded per ``plan``, master weights in ``dtype``; see the module docstring for who reads what.
 
-    ``prepare`` runs on every copy of the model before `fully_shard` (e.g. freezing: FSDP2 keeps each
-    parameter's ``requires_grad`` as it finds it).
+    ``prepare`` runs on every copy of the model before `fully_shard` (freezing: FSDP2 keeps each
+    parameter's ``requires_grad`` as it finds it; LoRA: peft wraps the layers first). Parameters it
+    adds that the checkpoint lacks (adapters) are the caller's to fill after loading.
     """
     if not plan.sharded:
         model = load_model(
@@ -209,11 +220,18 @@ def load_sharded_model(
             prepare(model)
         return shard_model(model, plan, ctx)
     ensure_process_group(ctx)
+    own = _read_own_shards(
+        Path(model_dir), dtype=dtype, attn_implementation=attn_implementation, plan=plan, ctx=ctx, prepare=prepare
+    )
+    if own is not None:
+        return own
     # rank 0: the real weights (or the seeded init) on the host, in the checkpoint's dtype
     source_dtype = "auto" if has_weights(model_dir) else dtype  # random init: exactly as one process draws it
     source = None
     if ctx.is_main:
         source = load_model(model_dir, seed=seed, dtype=source_dtype, attn_implementation=attn_implementation)
+        if prepare is not None:  # the same structure as the model it fills (LoRA wraps layers, renaming weights)
+            prepare(source)
     with torch.device("meta"):
         model = build_model(model_dir, dtype=dtype, attn_implementation=attn_implementation)
     if prepare is not None:
@@ -225,6 +243,44 @@ def load_sharded_model(
     set_model_state_dict(model, full, options=options)
     _broadcast_buffers(model, source, ctx)
     del full, source
+    return model
+
+
+def _read_own_shards(
+    model_dir: Path,
+    *,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    plan: ShardingPlan,
+    ctx: DistContext,
+    prepare: Callable[[nn.Module], object] | None,
+) -> nn.Module | None:
+    """The sharded model, each rank having read only its slices of the safetensors files; None: use rank 0."""
+    files = safetensors_files(model_dir)
+    if not files:
+        return None  # pytorch_model*.bin, or a config-only directory (the seeded init is drawn on rank 0)
+    with torch.device("meta"):
+        model = build_model(model_dir, dtype=dtype, attn_implementation=attn_implementation)
+    key_map = checkpoint_key_map(model, checkpoint_keys(files))
+    reason = key_map if isinstance(key_map, str) else uncovered(model, key_map)
+    buffers = compute_buffers(model) if reason is None else reason
+    if isinstance(key_map, str) or isinstance(buffers, str):
+        log.warning("%s: rank 0 loads the whole model and broadcasts it (%s)", model_dir, reason or buffers)
+        return None
+    if prepare is not None:
+        prepare(model)
+    shard_model(model, plan, ctx)
+    model.to_empty(device="cpu" if plan.cpu_offload else ctx.device)
+    restore_buffers(model, buffers)
+    read = load_own_shards(model, model_dir, key_map)
+    log.info(
+        "rank %d read %.1f of %.1f MB of %s: its slices of %d tensors",
+        ctx.rank,
+        read.bytes_read / 1e6,
+        read.checkpoint_bytes / 1e6,
+        model_dir,
+        read.tensors,
+    )
     return model
 
 

@@ -36,6 +36,7 @@ class RunSpec:
     dtype: torch.dtype = torch.float64
     lr: float = 1e-3
     max_grad_norm: float = 1.0
+    lora_rank: int = 0  # LoRA adapters of this rank on every language-model linear (train.lora); 0: none
 
     @property
     def world_size(self) -> int:
@@ -48,13 +49,14 @@ class RunResult:
     grad_norms: list[float]
     label_tokens: list[int]
     weights: dict[str, torch.Tensor]
-    local_numel: int  # rank 0's parameter elements (its shards when sharded)
+    local_numel: int  # rank 0's trained parameter elements (its shards when sharded)
     local_state_numel: int  # rank 0's AdamW state elements (exp_avg + exp_avg_sq)
-    shapes: list[tuple[int, ...]]  # every parameter's whole shape, each shared parameter once
+    shapes: list[tuple[int, ...]]  # every trained parameter's whole shape, each shared parameter once
 
 
 def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[PackedBatch]]) -> RunResult | None:
     from train.distributed import init_distributed
+    from train.lora import LoraSettings, apply_lora, init_adapters
     from train.recipes.hf import HFTrainConfig, _scheduler, _step
     from train.sharding import full_model_state, load_sharded_model, resolve_plan
     from train.vision_sync import VisionSync
@@ -66,9 +68,18 @@ def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[Pac
         activation_checkpointing=spec.activation_checkpointing,
         cpu_offload=spec.cpu_offload and sharding != "none",
     )
+    lora = LoraSettings(rank=spec.lora_rank) if spec.lora_rank else None
     model = load_sharded_model(
-        spec.model_dir, seed=0, attn_implementation="packvlm_varlen", plan=plan, ctx=ctx, dtype=spec.dtype
+        spec.model_dir,
+        seed=0,
+        attn_implementation="packvlm_varlen",
+        plan=plan,
+        ctx=ctx,
+        dtype=spec.dtype,
+        prepare=None if lora is None else (lambda m: apply_lora(m, lora, seed=0)),  # as train hf: before sharding
     )
+    if lora is not None:
+        init_adapters(model, seed=0)
     model.train()
     config = HFTrainConfig(
         data=Path("-"),
@@ -80,7 +91,8 @@ def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[Pac
         lr_schedule="constant",
         max_grad_norm=spec.max_grad_norm,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)  # a moved weight had a gradient
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=spec.lr, weight_decay=0.0)  # a moved weight had a gradient
     scheduler = _scheduler(optimizer, config)
     vision_sync = VisionSync(model) if plan.sharded else None
     metrics = [
@@ -95,8 +107,8 @@ def _train(spec: RunSpec, rank: int, sharding: str, micro_of_step: list[list[Pac
         [m.grad_norm for m in metrics],
         [m.num_label_tokens for m in metrics],
         weights,
-        local_numel=sum(_local(p).numel() for p in model.parameters()),
-        shapes=[tuple(p.shape) for p in model.parameters()],
+        local_numel=sum(_local(p).numel() for p in trainable),
+        shapes=[tuple(p.shape) for p in trainable],
         local_state_numel=sum(
             _local(v).numel() for s in optimizer.state.values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")
         ),
@@ -150,4 +162,86 @@ def run_ranks(spec: RunSpec) -> RunResult:
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.pt")
         mp.start_processes(_worker, args=(spec, free_port(), out), nprocs=spec.world_size, start_method="spawn")
+        return torch.load(out, weights_only=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadResult:
+    state: dict[str, torch.Tensor]  # the whole state dict, gathered on rank 0
+    buffers: dict[str, torch.Tensor]
+    bytes_read: list[int]  # per rank: bytes safetensors handed out (slices and whole tensors alike)
+
+
+class _CountingSlice:
+    def __init__(self, inner: object, counter: list[int]) -> None:
+        self.inner, self.counter = inner, counter
+
+    def __getitem__(self, index: object) -> torch.Tensor:
+        tensor = self.inner[index]  # type: ignore[index]
+        self.counter[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+class _CountingFile:
+    """A ``safe_open`` handle counting every byte of tensor data it returns."""
+
+    def __init__(self, inner: object, counter: list[int]) -> None:
+        self.inner, self.counter = inner, counter
+
+    def __enter__(self) -> _CountingFile:
+        self.inner.__enter__()  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *exc: object) -> object:
+        return self.inner.__exit__(*exc)  # type: ignore[attr-defined]
+
+    def get_slice(self, key: str) -> _CountingSlice:
+        return _CountingSlice(self.inner.get_slice(key), self.counter)  # type: ignore[attr-defined]
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        tensor = self.inner.get_tensor(key)  # type: ignore[attr-defined]
+        self.counter[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def _load_worker(rank: int, model_dir: Path, world: int, port: int, out: str) -> None:
+    import safetensors
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
+    import torch.distributed as dist
+
+    from train.distributed import gather_objects, init_distributed, shutdown
+    from train.sharding import full_model_state, load_sharded_model, resolve_plan
+
+    counter = [0]
+    opened = safetensors.safe_open
+    safetensors.safe_open = lambda *a, **k: _CountingFile(opened(*a, **k), counter)  # type: ignore[assignment]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=240))
+    try:
+        ctx = init_distributed("cpu")
+        plan = resolve_plan(ctx, sharding="full", activation_checkpointing=False)
+        model = load_sharded_model(model_dir, seed=0, attn_implementation="packvlm_varlen", plan=plan, ctx=ctx)
+        read = gather_objects(counter[0], ctx)
+        state = {k: v.clone() for k, v in full_model_state(model).items()}
+        if rank == 0:
+            buffers = {k: v.clone() for k, v in model.named_buffers()}
+            torch.save(LoadResult(state, buffers, read), out)
+    finally:
+        shutdown()
+
+
+def load_ranks(model_dir: Path, world_size: int = 2) -> LoadResult:
+    """`train.sharding.load_sharded_model` on ``world_size`` gloo ranks (``--sharding full``, fp32)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "result.pt")
+        args = (model_dir, world_size, free_port(), out)
+        mp.start_processes(_load_worker, args=args, nprocs=world_size, start_method="spawn")
         return torch.load(out, weights_only=False)

@@ -253,3 +253,26 @@ def test_a_tower_without_a_known_zero_image_is_refused() -> None:
     with pytest.raises(UnsupportedVisionTowerError, match="also needs image_sizes"):
         zero_image(NeedsSizes())
     assert zero_image(Fixed())["pixel_values"].shape == (1, 3, 32, 32)
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "gemma3"])
+def test_lora_under_fsdp_equals_one_process(family_run: Callable[[str], FamilyRun], name: str) -> None:
+    """--lora-rank with --sharding full: peft wraps before fully_shard, the frozen base weights are sharded, the
+    adapters train. Qwen2-VL's config-only directory loads through rank 0 (peft wraps its copy too), Gemma 3's
+    saved weights through each rank's own slices (peft's ``base_layer`` names mapped back to the file's keys).
+    Losses, global grad norms and adapters equal one process (float64, TIGHT); every base weight is bit-identical
+    to the loaded one after training, in both runs."""
+    run = family_run(name)
+    spec = run.spec(lora_rank=4, max_grad_norm=1e-4)  # small enough that clipping takes part
+    alone = run_alone(spec)
+    sharded = run_ranks(spec)
+    assert_same_run(sharded, alone, spec)
+    assert_sharded(sharded, alone, shards=2)  # the adapters (rank-4 rows) are sharded too
+    initial = load_model(run.model_dir, seed=0, dtype=torch.float64, attn_implementation="packvlm_varlen").state_dict()
+    adapters = {k for k in sharded.weights if ".lora_A." in k or ".lora_B." in k}
+    assert adapters and all(".language_model." in k for k in adapters)
+    assert all(sharded.weights[k].abs().max() > 0 for k in adapters if ".lora_B." in k)  # B left zero: it trained
+    base = {k.replace(".base_layer.", "."): v for k, v in sharded.weights.items() if k not in adapters}
+    assert base.keys() == initial.keys()
+    for key, tensor in initial.items():
+        assert torch.equal(base[key], tensor), key

@@ -45,7 +45,7 @@ from packvlm.faults import crash_point
 from schemas.train import FINAL_DIR, LOG_FILE, METRICS_FILE
 from train.attention import select_attention
 from train.batch import PackedBatch
-from train.checkpoint import TrainerState, copy_processor_files, load_checkpoint, load_loader_state, save_checkpoint
+from train.checkpoint import TrainerState, load_checkpoint, load_loader_state, save_checkpoint
 from train.chunked_loss import chunked_token_loss_sum
 from train.dataset import PackedDatasetInfo
 from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
@@ -60,7 +60,7 @@ from train.loader import (
     rank_loader_config,
     validate_loader_config,
 )
-from train.lora import LoraExport, LoraSettings, apply_lora, export_merged, save_adapter
+from train.lora import LoraExport, LoraSettings, apply_lora, init_adapters, save_adapter
 from train.loss import global_label_tokens
 from train.media import PixelWire
 from train.metrics import MetricsWriter, StepMetrics, collect_step_metrics
@@ -95,6 +95,7 @@ RESUME_MAY_CHANGE = (
     "stop_after",
     "pixels",
     "final_export",
+    "final_checkpoint",
     "grad_accum",
     "dist_timeout_s",
     "lora_export",
@@ -131,6 +132,9 @@ class HFTrainConfig:
     resume: bool = False
     resume_if_exists: bool = False  # resume when OUT holds a checkpoint, else start fresh
     final_export: bool = True  # export the last checkpoint to OUT/final when the run reaches max_steps
+    # False: no checkpoint at max_steps (so no OUT/final either): a benchmark or smoke run that measures
+    # steps only (a 3.75B model's checkpoint is ~60 GB of fp32 weights + AdamW); --stop-after still saves
+    final_checkpoint: bool = True
     device: str = "auto"
     # the loader's options: their defaults are LoaderConfig's (train.loader)
     num_workers: int = default_of(LoaderConfig, "num_workers")
@@ -152,6 +156,8 @@ class HFTrainConfig:
     cpu_offload: bool = False  # FSDP shards, gradients and optimizer state in host memory
 
     def __post_init__(self) -> None:
+        if not self.final_checkpoint and self.lora_rank and self.lora_export == "merged":
+            raise UsageError("--lora-export merged is written from the final checkpoint; drop --no-final-checkpoint")
         if self.lora_rank and self.freeze:
             raise UsageError("--freeze has no effect with --lora-rank (only the adapters train); drop --freeze")
         if {"vision", "projector", "language"} <= set(self.freeze):  # checked before the run directory is claimed
@@ -225,6 +231,13 @@ def _default(name: str) -> Any:
     default=_default("final_export"),
     show_default=True,
     help="When the run reaches --max-steps, write OUT/final: save_pretrained + processor files (`train export`).",
+)
+@click.option(
+    "--final-checkpoint/--no-final-checkpoint",
+    default=_default("final_checkpoint"),
+    show_default=True,
+    help="Checkpoint at --max-steps (off: no checkpoint and no OUT/final at the end, e.g. for a benchmark run; "
+    "--save-every and --stop-after checkpoints are still written).",
 )
 @click.option(
     "--eval-every",
@@ -346,24 +359,27 @@ def _fit(
         cpu_offload=config.cpu_offload,
     )
     lora = config.lora()
-    if lora is not None and plan.sharded:
-        raise UsageError(
-            "--lora-rank with FSDP sharding is not supported yet; add --sharding none (the base weights are "
-            "replicated, only the adapters train and are all-reduced)"
-        )
+    wrapped: dict[int, Any] = {}  # id(model) -> its peft wrapper (rank 0 may prepare a second, source copy)
+
+    def prepare(m: torch.nn.Module) -> None:  # before fully_shard, on every copy of the model
+        if config.freeze:
+            freeze(m, config.freeze)
+        if lora is not None:
+            wrapped[id(m)] = apply_lora(m, lora, seed=config.seed)
+
     model = load_sharded_model(  # a checkpoint's weights (and LoRA adapters) are loaded below, after sharding
         config.model,
         seed=config.seed,
         attn_implementation=attention,
         plan=plan,
         ctx=ctx,
-        prepare=(lambda m: freeze(m, config.freeze)) if config.freeze else None,  # before fully_shard
+        prepare=prepare if config.freeze or lora is not None else None,
     )
     model.train()
     vision_sync = VisionSync(model) if plan.sharded else None
-    saved = model  # what a LoRA checkpoint also writes as a peft adapter: the peft wrapper
+    saved = wrapped.get(id(model), model)  # what a LoRA checkpoint also writes as a peft adapter: the peft wrapper
     if lora is not None:
-        saved = apply_lora(model, lora, seed=config.seed)
+        init_adapters(model, config.seed)  # drawn on the materialised shards, whichever way they were loaded
     if not num_trainable(model):
         raise UsageError(f"--freeze {' --freeze '.join(config.freeze)} leaves nothing to train")
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.lr, weight_decay=config.weight_decay)
@@ -430,7 +446,8 @@ def _fit(
             if ctx.is_main:
                 log.info("%s (train loss %.4f)", result.log_line(config.max_steps), metrics.loss)
         reporter.log(step, reported)
-        if step == last or (config.save_every and step % config.save_every == 0):
+        final = step == last and (config.final_checkpoint or last < config.max_steps)
+        if final or (config.save_every and step % config.save_every == 0):
             position = global_position(loader)
             state = TrainerState(
                 step=step, world_size=ctx.world_size, global_batch_packs=global_batch_packs, data=position
@@ -452,8 +469,8 @@ def _fit(
                 log.info("exported %s", export_checkpoint(path, config.output / FINAL_DIR, replace=True))
     progress.close()
     if lora is not None and config.lora_export == "merged" and last == config.max_steps and ctx.is_main:
-        merged = export_merged(saved, config.output / "merged")
-        copy_processor_files(config.processor, merged)
+        # from the last checkpoint's shards in this one process: the base weights are never gathered on the ranks
+        merged = export_checkpoint(path, config.output / "merged", replace=True)
         log.info("merged model %s", merged)
     reporter.close()
     return history

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from safetensors.torch import load_file
 
 from prep.energon.index import index_dataset
 from prep.example.model import write_tiny_model
@@ -33,6 +34,7 @@ from tests.shards.oracles import pack
 from train.checkpoint import read_model_state
 from train.cli import main
 from train.metrics import read_metrics
+from train.models import load_model
 
 ROOT = Path(__file__).resolve().parents[3]
 NUM_PACKS = 9
@@ -165,3 +167,54 @@ def test_resume_with_nothing_to_resume_is_refused_and_resume_if_exists_starts_fr
     again = CliRunner().invoke(main, [*args, "--resume-if-exists"])  # now there is one: resumed, nothing left to do
     assert again.exit_code == 0, again.output
     assert [m["step"] for m in read_metrics(out / METRICS_FILE)] == [1]
+
+
+def test_lora_under_fsdp_resumes_and_exports_like_one_process(nine_packs, tmp_path):
+    """--lora-rank on 2 FSDP2 ranks (--sharding full by default), stopped after step 2 and resumed, equals one
+    uninterrupted process with --grad-accum 2 (the same 2 packs per step): losses and adapters up to fp32
+    reordering (as above). Base weights in the checkpoint's shards are bit-identical to the initial model, the
+    adapter file is written, and --lora-export merged gives a plain model: W0 + alpha / r * B @ A."""
+    lora = ("--max-steps", "3", "--lora-rank", "4", "--lora-export", "merged")
+    _in_process(nine_packs, tmp_path / "whole", "--grad-accum", "2", *lora)
+    chain = tmp_path / "chain"
+    _torchrun(nine_packs, chain, *lora, "--stop-after", "2")
+    _torchrun(nine_packs, chain, *lora, "--resume")
+    whole, resumed = read_metrics(tmp_path / "whole" / METRICS_FILE), read_metrics(chain / METRICS_FILE)
+    assert _stream(resumed) == _stream(whole)
+    assert [m["loss"] for m in resumed] == pytest.approx([m["loss"] for m in whole], rel=1e-5)
+    initial = load_model(nine_packs["model"], seed=0, attn_implementation="sdpa").state_dict()
+    state = read_model_state(chain / CHECKPOINTS_DIR / checkpoint_name(3))
+    base = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+    assert base.keys() == initial.keys()
+    for name, tensor in initial.items():
+        assert torch.equal(base[name], tensor), name
+    adapters = [load_file(out / CHECKPOINTS_DIR / checkpoint_name(3) / "adapter_model.safetensors") for out in
+                (tmp_path / "whole", chain)]  # fmt: skip
+    assert adapters[0].keys() == adapters[1].keys() and adapters[0]
+    for key in adapters[0]:
+        torch.testing.assert_close(adapters[1][key], adapters[0][key], rtol=1e-5, atol=1e-6, msg=key)
+    merged = load_model(chain / "merged", seed=0, attn_implementation="sdpa").state_dict()
+    assert merged.keys() == initial.keys()
+    prefix, scale = "base_model.model.", 8 / 4  # alpha defaults to 2 x rank
+    for name, tensor in merged.items():
+        a = adapters[1].get(prefix + name.replace(".weight", ".lora_A.weight"))
+        if a is None:
+            assert torch.equal(tensor, initial[name]), name
+            continue
+        b = adapters[1][prefix + name.replace(".weight", ".lora_A.weight").replace("lora_A", "lora_B")]
+        expected = initial[name].double() + scale * b.double() @ a.double()
+        torch.testing.assert_close(tensor.double(), expected, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_no_final_checkpoint_trains_and_writes_no_checkpoint(nine_packs, tmp_path):
+    """--no-final-checkpoint (the GPU suite's `train hf` part: a 3.75B checkpoint is ~60 GB): the steps and their
+    metrics, no checkpoint and no OUT/final; with --lora-export merged (written from that checkpoint) refused."""
+    out = tmp_path / "bench"
+    args = ["hf", *_args(nine_packs, out), "--num-workers", "0", "--max-steps", "1", "--no-final-checkpoint"]
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 0, done.output
+    assert [m["step"] for m in read_metrics(out / METRICS_FILE)] == [1]
+    assert not list((out / CHECKPOINTS_DIR).glob("step-*")) and not (out / FINAL_DIR).exists()
+    merged = CliRunner().invoke(main, [*args[:-1], "--output", str(tmp_path / "m"), "--lora-rank", "2",
+                                       "--lora-export", "merged", "--no-final-checkpoint"])  # fmt: skip
+    assert merged.exit_code == 2 and "drop --no-final-checkpoint" in merged.output
