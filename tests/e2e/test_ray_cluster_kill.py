@@ -47,19 +47,24 @@ class Cluster:
     workers: tuple[subprocess.Popen, ...]  # the worker nodes' `ray start --block`
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_port(avoid: range = range(0)) -> int:
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
-def _node_ports() -> list[str]:
-    """Every port a node opens, free ones: defaults may be held by another Ray on the machine."""
+def _node_ports(*extra: str) -> list[str]:
+    """Every port a node opens, free ones, none inside its workers' range (Ray refuses a clash):
+    the defaults may be held by another Ray on the machine."""
+    low = _free_port()
+    workers = range(low, low + 41)  # workers' gRPC ports: a small range of our own
     flags = ["--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port"]
-    flags += ["--dashboard-agent-listen-port", "--dashboard-agent-grpc-port"]
-    args = [arg for flag in flags for arg in (flag, str(_free_port()))]
-    low = _free_port()  # workers' gRPC ports: a small range of our own
-    return [*args, "--min-worker-port", str(low), "--max-worker-port", str(low + 40)]
+    flags += ["--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", *extra]
+    args = [arg for flag in flags for arg in (flag, str(_free_port(workers)))]
+    return [*args, "--min-worker-port", str(workers.start), "--max-worker-port", str(workers.stop - 1)]
 
 
 def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -98,7 +103,7 @@ def cluster() -> Iterator[Cluster]:
     gcs = _free_port()
     head = [*RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs)]
     head += ["--num-cpus", "0", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(temp)]
-    nodes = [_start([*head, *_node_ports()], env, temp / "head.log")]
+    nodes = [_start([*head, *_node_ports("--ray-client-server-port")], env, temp / "head.log")]
     try:
         _wait_started(nodes[0], temp / "head.log")
         for name in WORKER_NODES:  # one CPU each: one actor per node. One node at a time: nodes
