@@ -100,10 +100,11 @@ def cluster() -> Iterator[Cluster]:
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))  # the cluster's own token, for all
     for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", "PACKVLM_CRASH_AT", "PACKVLM_FREEZE_AT"):
         env.pop(name, None)
-    gcs = _free_port()
-    head = [*RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs)]
+    ports = _node_ports("--port", "--ray-client-server-port")
+    gcs = ports[ports.index("--port") + 1]
+    head = [*RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", *ports]
     head += ["--num-cpus", "0", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(temp)]
-    nodes = [_start([*head, *_node_ports("--ray-client-server-port")], env, temp / "head.log")]
+    nodes = [_start(head, env, temp / "head.log")]
     try:
         _wait_started(nodes[0], temp / "head.log")
         for name in WORKER_NODES:  # one CPU each: one actor per node. One node at a time: nodes
@@ -147,27 +148,30 @@ def _run_and_kill_one_actor(
     go on. The run's result and the killed process's id."""
     job = {"runtime_env": {"env_vars": {"PACKVLM_FREEZE_AT": freeze_at}}}  # what `ray job submit` hands its driver
     env = {**cluster.env, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job)}
-    run = subprocess.Popen(_prep_cmd(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (frozen := _frozen(cluster)):
-            assert run.poll() is None, f"exited {run.returncode} before any actor froze at {freeze_at}"
-            assert time.monotonic() < deadline, f"no actor froze at {freeze_at}"
-            time.sleep(0.1)
-        victim = frozen[0]
-        assert victim.cmdline()[0].startswith("ray::"), victim.cmdline()  # a Ray worker process, not a node's daemon
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(timeout=30)
-        while run.poll() is None:  # an actor on the other node may freeze too: it goes on
-            for other in _frozen(cluster):
-                other.send_signal(signal.SIGCONT)
-            time.sleep(0.1)
-        stdout, stderr = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr), victim.pid
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # files: a full pipe would block it
+        run = subprocess.Popen(_prep_cmd(args), env=env, stdout=out, stderr=err, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not (frozen := _frozen(cluster)):
+                assert run.poll() is None, f"exited {run.returncode} before any actor froze at {freeze_at}"
+                assert time.monotonic() < deadline, f"no actor froze at {freeze_at}"
+                time.sleep(0.1)
+            victim = frozen[0]
+            assert victim.cmdline()[0].startswith("ray::"), victim.cmdline()  # a Ray worker, not a node's daemon
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(timeout=30)
+            while run.poll() is None:  # an actor on the other node may freeze too: it goes on
+                assert time.monotonic() < deadline, "the run did not end after the kill"
+                for other in _frozen(cluster):
+                    other.send_signal(signal.SIGCONT)
+                time.sleep(0.1)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(run.args, run.returncode, out.read(), err.read()), victim.pid
 
 
 def _then_finish(cluster: Cluster, killed: tuple[subprocess.CompletedProcess, int], args: list[str], out: Path, clean):  # noqa: F811

@@ -77,7 +77,7 @@ def _ranks(inputs: dict[str, Path], out: Path, *extra: str, freeze_at: str, log:
     return ranks
 
 
-@pytest.mark.slow
+# in CI (not slow): ~97 CPU-s, one 20 s timeout wait (measured on the shared 2-core machine, load ~16)
 def test_a_killed_rank_ends_the_run_and_resume_continues_exactly(run_inputs, tmp_path):  # noqa: F811
     num_packs = read_packed_output(run_inputs["data"]).manifest.packs.packs
     steps = max(1, num_packs // 2 // 2)
@@ -135,7 +135,7 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.slow  # ~70 s here: two tiny training runs (one to size the disk)
+@pytest.mark.slow  # ~24 CPU-s: two tiny training runs (one to size the disk); needs root + tmpfs
 def test_a_full_disk_during_a_checkpoint_exits_3_and_keeps_the_previous_one(run_inputs, tmp_path):  # noqa: F811
     probe = _train(run_inputs, tmp_path / "probe", "--max-steps", "1")
     assert probe.returncode == 0, probe.stderr[-4000:]
