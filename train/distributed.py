@@ -23,6 +23,17 @@ class DeviceUnavailableError(ResourceError):
     """The requested device does not exist on this machine."""
 
 
+class RankLostError(ResourceError):
+    """Another rank stopped answering (it died, hung or lost its node): rerun with --resume."""
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether a collective failed because a peer is gone: torch's `DistError` (NCCL, the store),
+    or gloo's transport errors, which reach Python as a plain ``RuntimeError`` naming gloo's
+    source file ("Timed out waiting 20000ms for recv", "Connection closed by peer")."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "/gloo/transport/" in str(exc))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DistContext:
     """Where this process runs and who its peers are."""

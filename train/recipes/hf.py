@@ -48,7 +48,15 @@ from train.batch import PackedBatch
 from train.checkpoint import TrainerState, load_checkpoint, load_loader_state, save_checkpoint
 from train.chunked_loss import chunked_token_loss_sum
 from train.dataset import PackedDatasetInfo
-from train.distributed import DistContext, all_reduce_grads, barrier, init_distributed, shutdown
+from train.distributed import (
+    DistContext,
+    RankLostError,
+    all_reduce_grads,
+    barrier,
+    init_distributed,
+    lost_peer,
+    shutdown,
+)
 from train.evaluate import Evaluator, eval_loader_config, validate_eval_config
 from train.export import export_checkpoint
 from train.loader import (
@@ -316,6 +324,13 @@ def run(config: HFTrainConfig) -> list[StepMetrics]:
         history = _train(config, ctx)
         barrier(ctx)
         return history
+    except Exception as exc:
+        if ctx.is_distributed and lost_peer(exc):
+            raise RankLostError(
+                f"rank {ctx.rank}: another rank stopped answering within --dist-timeout-s {config.dist_timeout_s} "
+                f"({exc}); rerun the same command with --resume to continue from the last checkpoint"
+            ) from exc
+        raise
     finally:
         shutdown()
         detach_log_file(config.output / LOG_FILE)
