@@ -58,7 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`slow` tests (killed Ray actors, killed ranks, a full disk) skip unless --runslow."""
+    """`slow` tests (embedded-Ray actor kills, a full disk) skip unless --runslow."""
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: pass --runslow to run it")
