@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from train.batch import IGNORE_INDEX, PackedBatch
+from train.bridge import shift_labels
 from train.context_parallel import padding_problem, partition_index, slice_for_rank, slot_multiple
 from train.dataset import TrainConfigError, open_packed_dataset
-from train.megatron import ContextParallelPaddingError, get_batch
+from train.megatron import ContextParallelPaddingError
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed"),
@@ -53,8 +54,8 @@ def row_batch(lengths: list[int], multiple: int, *, mrope: bool = False) -> Pack
 
 def megatron_tensors(batch: PackedBatch) -> dict[str, torch.Tensor]:
     """The per-token tensors a Megatron step slices: shifted labels, loss mask, every position row."""
-    mb = get_batch(batch)
-    out = {"tokens": mb.tokens, "labels": mb.labels, "loss_mask": mb.loss_mask, "position_ids": batch.position_ids}
+    labels, loss_mask = shift_labels(batch)
+    out = {"tokens": batch.input_ids, "labels": labels, "loss_mask": loss_mask, "position_ids": batch.position_ids}
     if batch.position_ids.dim() == 3:
         out["mrope_position_ids"] = batch.position_ids[1:]
     return out
