@@ -74,6 +74,7 @@ class MegatronTrainConfig:
     packs_per_microbatch: int = 1
     global_batch_size: int | None = None
     train_iters: int = 100
+    warmup_iters: int | None = None  # default: the recipe's, or train_iters // 10 where that is >= train_iters
     lr: float | None = None
     min_lr: float | None = None
     save_interval: int | None = None
@@ -108,6 +109,9 @@ def _int_option(flag: str, name: str, help_text: str, *, minimum: int = 1) -> An
 @_int_option("--packs-per-microbatch", "packs_per_microbatch", "Packs joined into one THD row (micro-batch size).")
 @_int_option("--global-batch-size", "global_batch_size", "Packs per optimizer step [default: the recipe's].")
 @_int_option("--train-iters", "train_iters", "Optimizer steps.")
+@_int_option(
+    "--warmup-iters", "warmup_iters", "Warm-up steps [default: the recipe's, or --train-iters // 10].", minimum=0
+)
 @click.option("--lr", type=float, default=None, help="Peak learning rate [default: the recipe's].")
 @click.option("--min-lr", type=float, default=None, help="Final learning rate [default: the recipe's].")
 @_int_option("--save-interval", "save_interval", "Steps between checkpoints [default: the recipe's].")
@@ -184,7 +188,7 @@ def build_config(config: MegatronTrainConfig) -> Any:
         cfg.train.global_batch_size = config.global_batch_size
     cfg.validation.eval_iters = 0
     _set_if_given(cfg.optimizer, lr=config.lr, min_lr=config.min_lr)
-    _set_if_given(cfg.scheduler, lr_decay_iters=config.train_iters)
+    _set_if_given(cfg.scheduler, lr_decay_iters=config.train_iters, lr_warmup_iters=warmup_iters(config, cfg.scheduler))
     _set_if_given(cfg.rng, seed=config.seed)
     checkpoints = str(config.output / CHECKPOINTS)
     cfg.checkpoint.save = checkpoints
@@ -193,6 +197,25 @@ def build_config(config: MegatronTrainConfig) -> Any:
     _set_if_given(cfg.checkpoint, save_interval=config.save_interval)
     cfg.logger.tensorboard_dir = str(config.output / "tb_logs")
     return cfg
+
+
+def warmup_iters(config: MegatronTrainConfig, scheduler: Any) -> int:
+    """Warm-up steps: ``--warmup-iters``, else the recipe's while below ``--train-iters``, else a tenth of them.
+
+    The recipes warm up for hundreds of steps (Qwen2.5-VL: 500); Bridge would cap that at
+    ``train_iters - 1`` (the peak learning rate reached only at the last step), with a warning.
+
+    Raises:
+        TrainConfigError: ``--warmup-iters`` is not below ``--train-iters``.
+    """
+    if config.warmup_iters is not None:
+        if config.warmup_iters >= config.train_iters:
+            raise TrainConfigError(
+                f"--warmup-iters {config.warmup_iters}: must be below --train-iters {config.train_iters}"
+            )
+        return config.warmup_iters
+    recipe = int(scheduler.lr_warmup_iters or 0)
+    return recipe if recipe < config.train_iters else config.train_iters // 10
 
 
 def recipe_function(name: str) -> Any:
