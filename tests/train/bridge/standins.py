@@ -100,7 +100,7 @@ def install() -> list[str]:
     ):
         sys.meta_path.insert(0, _Finder())
         stood_in.append("transformer_engine (for megatron.bridge.peft.lora_layers only)")
-    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+    if "nvidia_resiliency_ext" not in sys.modules and importlib.util.find_spec("nvidia_resiliency_ext") is None:
         _resiliency_ext()
         stood_in.append("nvidia_resiliency_ext.inprocess")
     return stood_in

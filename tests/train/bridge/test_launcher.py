@@ -225,3 +225,151 @@ def test_finetune_is_reached_and_stops_at_its_cuda_check(example, tmp_path, monk
     with pytest.raises(AssertionError, match="^Megatron requires CUDA.$"):
         megatron.run(_train_config(example, tmp_path))
     assert calls == ["build"]
+
+
+class PerSampleAttention(torch.nn.Module):
+    """Where Transformer Engine's THD attention would run: causal attention inside each sample.
+
+    Without ``packed_seq_params`` (a sample alone) megatron-core's own local attention runs.
+    """
+
+    def __init__(self, local: torch.nn.Module) -> None:
+        super().__init__()
+        self.local = local
+        self.calls: list[int] = []
+
+    def forward(self, q, k, v, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None):
+        if packed_seq_params is None:
+            return self.local(q, k, v, attention_mask, attn_mask_type, attention_bias, None)
+        cu = packed_seq_params.cu_seqlens_q_padded
+        cu = packed_seq_params.cu_seqlens_q if cu is None else cu
+        self.calls.append(len(cu) - 1)
+        out = torch.zeros_like(q)  # [T, heads, dim]: megatron-core squeezes the batch for THD
+        repeat = q.shape[1] // k.shape[1]
+        for start, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            qs, ks, vs = (
+                x[start:end].repeat_interleave(r, 1).transpose(0, 1) for x, r in ((q, 1), (k, repeat), (v, repeat))
+            )
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=self.local.softmax_scale
+            )
+            out[start:end] = attended.transpose(0, 1)
+        return out
+
+
+def _media_splitter(visual: dict[str, torch.Tensor], token_id: int, pixels: str, grids: str, extra: str | None = None):
+    """Hands each sample, in row order, its own media rows (pixel rows = t*h*w, tokens = t*h*w/4)."""
+    remaining = list(visual.get(grids, torch.zeros(0, 3, dtype=torch.long)))
+    state = {"row": 0, "count": 0}
+
+    def take(ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        tokens, mine = int((ids == token_id).sum()), []
+        while tokens > 0:
+            mine.append(remaining.pop(0))
+            tokens -= int(mine[-1].prod()) // 4
+        if not mine:
+            return {}
+        rows = sum(int(g.prod()) for g in mine)
+        out = {pixels: visual[pixels][state["row"] : state["row"] + rows], grids: torch.stack(mine)}
+        if extra is not None:
+            out[extra] = visual[extra][state["count"] : state["count"] + len(mine)]
+        state["row"] += rows
+        state["count"] += len(mine)
+        return out
+
+    return take
+
+
+def test_tiny_bridge_qwen25_vl_packed_losses_equal_each_sample_alone(example, monkeypatch):
+    """Bridge's Qwen25VLModel (non-TE layer spec, from the example's HF config through AutoBridge) on a
+    packed row (images, a video, text) against each sample alone: per-token losses equal to 1e-5.
+
+    fp32 losses ~8 over a 2-layer, width-64 model: the two attention kernels differ by rounding
+    (~1e-7 relative), far below 1e-5; a row whose attention leaks across samples moves by ~0.1.
+    """
+    import contextlib
+    import json
+    import socket
+
+    import megatron.core.fusions.fused_softmax as fused_softmax
+    import torch.distributed as dist
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
+    from megatron.bridge.training.vlm_step import _filter_visual_kwargs_for_model
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    # megatron-core's CPU gaps: rotary / causal mask on the current CUDA device, the attention dropout rng
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    monkeypatch.setattr(
+        fused_softmax, "get_default_causal_mask", lambda sq: torch.triu(torch.ones(sq, sq), diagonal=1).bool()
+    )
+    monkeypatch.setattr(tensor_parallel.get_cuda_rng_tracker(), "fork", lambda *a, **k: contextlib.nullcontext())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel()
+        torch.manual_seed(0)
+        provider = AutoBridge.from_hf_pretrained(str(example.model)).to_megatron_provider(load_weights=False)
+        text = json.loads((example.model / "config.json").read_text())["text_config"]
+        provider.mrope_section = text["rope_parameters"]["mrope_section"]  # the converter writes 7B's [16, 24, 24]
+        provider.transformer_layer_spec = local_layer_spec
+        provider.use_cpu_initialization = True
+        provider.params_dtype, provider.bf16, provider.fp16 = torch.float32, False, False
+        provider.finalize()
+        provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+        model = provider.provide(pre_process=True, post_process=True).eval()
+        attention = []
+        for layer in model.language_model.decoder.layers:
+            attention.append(PerSampleAttention(layer.self_attention.core_attention))
+            layer.self_attention.core_attention = attention[-1]
+
+        batches = _reference_batches(example)
+        batch = max(batches, key=lambda b: b["cu_seqlens_q"].numel())
+        cu = batch["cu_seqlens_q"].reshape(-1).tolist()
+        assert len(cu) - 1 >= 3 and batch["visual_inputs"] is not None
+        visual = _filter_visual_kwargs_for_model(model, batch["visual_inputs"].normalized_for_model())
+        assert {"pixel_values", "pixel_values_videos"} <= visual.keys()
+        params = get_packed_seq_params(
+            {k: batch[k] for k in ("cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv")}
+        )
+        common = dict(attention_mask=None, labels=batch["labels"], loss_mask=batch["loss_mask"])
+        with torch.no_grad():
+            packed = model(
+                input_ids=batch["input_ids"],
+                position_ids=batch["position_ids"],
+                packed_seq_params=params,
+                **common,
+                **visual,
+            )
+        assert [a.calls for a in attention] == [[len(cu) - 1]] * len(attention)
+        config = provider
+        images = _media_splitter(visual, config.image_token_id, "pixel_values", "image_grid_thw")
+        videos = _media_splitter(
+            visual, config.video_token_id, "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"
+        )
+        worst, media = 0.0, 0
+        for start, end in zip(cu[:-1], cu[1:]):
+            ids = batch["input_ids"][:, start:end]
+            own = {**images(ids), **videos(ids)}
+            media += bool(own)
+            with torch.no_grad():
+                alone = model(
+                    input_ids=ids,
+                    position_ids=batch["position_ids"][:, :, start:end],
+                    attention_mask=None,
+                    labels=batch["labels"][:, start:end],
+                    loss_mask=batch["loss_mask"][:, start:end],
+                    **own,
+                )
+            mask = batch["loss_mask"][:, start:end] > 0
+            assert mask.any()
+            worst = max(worst, float((alone - packed[:, start:end])[mask].abs().max()))
+        assert media >= 2
+        assert worst <= 1e-5
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
