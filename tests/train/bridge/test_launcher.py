@@ -15,6 +15,7 @@ CUDA assertion.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -132,6 +133,9 @@ def test_config_passes_bridge_validation(built, example):
     from train.bridge_data import PackedDatasetConfig
 
     assert type(built.model).__name__ == "Qwen25VLModelProvider"
+    text = json.loads((example.model / "config.json").read_text())["text_config"]
+    assert built.model.hidden_size == text["hidden_size"]  # --hf-model read in place of the recipe's hub id
+    assert built.model.num_layers == text["num_hidden_layers"]
     assert isinstance(built.dataset, PackedDatasetConfig)
     assert built.scheduler.lr_warmup_iters < TRAIN_ITERS  # the recipe's 500 would be capped by Bridge
     runtime_config_update(built)  # raises on an invalid config
@@ -288,7 +292,6 @@ def test_tiny_bridge_qwen25_vl_packed_losses_equal_each_sample_alone(example, mo
     (~1e-7 relative), far below 1e-5; a row whose attention leaks across samples moves by ~0.1.
     """
     import contextlib
-    import json
     import socket
 
     import megatron.core.fusions.fused_softmax as fused_softmax
