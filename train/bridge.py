@@ -29,7 +29,7 @@ row (samples of 3 and 2 tokens, ``--pad-to-multiple-of 4``, T = 8)::
 Why each choice (all as Bridge does it):
 
 - ``labels[t]`` is the target of position ``t`` (the Hugging Face label at ``t + 1``, via
-  `train.megatron.step.shift_labels`) and ``-100`` wherever ``loss_mask`` is 0, as Bridge's
+  `shift_labels`) and ``-100`` wherever ``loss_mask`` is 0, as Bridge's
   collators write them (``labels.masked_fill(loss_mask == 0, IGNORE_INDEX)``): the last token
   of every sample, slot padding, prompts. No target crosses a sample boundary.
 - mRoPE rows are ``PackedBatch.position_ids[1:]``, each sample's own rope index. Bridge's
@@ -61,9 +61,38 @@ from packvlm.energon import PackedSample, PackedTaskEncoder
 from train.batch import IGNORE_INDEX, PackedBatch
 from train.encoder import PackedBatchTaskEncoder
 from train.identity import ModelConfigSource
-from train.megatron.step import sample_index, shift_labels
 
 BRIDGE_VISUAL_INPUTS = "megatron.bridge.training.utils.visual_inputs"
+
+
+def sample_index(batch: PackedBatch) -> torch.Tensor:
+    """``[T]`` int64: the sample each row position belongs to, -1 on slot padding."""
+    real = batch.cu_seqlens.long()
+    lengths = real[1:] - real[:-1]
+    owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=real.device), lengths)
+    offsets = torch.arange(owner.numel(), device=real.device) - torch.repeat_interleave(real[:-1], lengths)
+    index = torch.full((batch.num_tokens,), -1, dtype=torch.int64, device=real.device)
+    index[batch.cu_seqlens_padded[:-1].long()[owner] + offsets] = owner
+    return index.to(batch.labels.device)
+
+
+def shift_labels(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF (unshifted) labels -> Megatron's pre-shifted ``labels`` and float ``loss_mask``.
+
+    Returns:
+        ``labels`` int64 ``[1, T]`` and ``loss_mask`` float32 ``[1, T]``; ``labels[t]`` is
+        ``batch.labels[t + 1]`` where ``loss_mask[t]`` is 1, else 0.
+    """
+    owner = sample_index(batch)
+    hf = batch.labels.reshape(-1)
+    target = hf[1:]
+    same_sample = (owner[:-1] == owner[1:]) & (owner[:-1] >= 0)
+    valid = same_sample & (target != IGNORE_INDEX)
+    labels = torch.zeros_like(hf)
+    labels[:-1] = torch.where(valid, target, torch.zeros_like(target))
+    loss_mask = torch.zeros(hf.shape, dtype=torch.float32, device=hf.device)
+    loss_mask[:-1] = valid.to(torch.float32)
+    return labels.view(1, -1), loss_mask.view(1, -1)
 
 
 @dataclass

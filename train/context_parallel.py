@@ -16,7 +16,7 @@ are cut. Example, slots of 8 and 4 tokens, ``c = 2`` (chunks of 2 and 1)::
 
 Every slot must therefore be a multiple of ``2c`` tokens: write the packs with
 ``prep pack --pad-to-multiple-of 2c`` (`padding_problem` says so when a dataset is opened).
-Slice Megatron's *pre-shifted* labels and loss mask (`train.megatron.step.shift_labels`), never
+Slice Megatron's *pre-shifted* labels and loss mask (`train.bridge.shift_labels`), never
 Hugging Face labels: the target of a chunk's last token is the first token of the next chunk,
 which may live on another rank. Every position row is cut the same way (``[1, T]`` text
 positions, ``[3, 1, T]`` mRoPE rows, ``[4, 1, T]``): the sequence is always the last dimension.

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from train.batch import IGNORE_INDEX, PackedBatch
+from train.bridge import shift_labels
 from train.context_parallel import (
     ContextParallelPaddingError,
     padding_problem,
@@ -22,7 +23,6 @@ from train.context_parallel import (
     slot_multiple,
 )
 from train.dataset import TrainConfigError, open_packed_dataset
-from train.megatron import get_batch
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed"),
@@ -59,8 +59,8 @@ def row_batch(lengths: list[int], multiple: int, *, mrope: bool = False) -> Pack
 
 def megatron_tensors(batch: PackedBatch) -> dict[str, torch.Tensor]:
     """The per-token tensors a Megatron step slices: shifted labels, loss mask, every position row."""
-    mb = get_batch(batch)
-    out = {"tokens": mb.tokens, "labels": mb.labels, "loss_mask": mb.loss_mask, "position_ids": batch.position_ids}
+    labels, loss_mask = shift_labels(batch)
+    out = {"tokens": batch.input_ids, "labels": labels, "loss_mask": loss_mask, "position_ids": batch.position_ids}
     if batch.position_ids.dim() == 3:
         out["mrope_position_ids"] = batch.position_ids[1:]
     return out

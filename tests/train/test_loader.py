@@ -150,7 +150,8 @@ def copy(images, tmp_path) -> Path:
 
 
 def test_both_recipes_take_the_loaders_defaults():
-    """The loader flags are declared once, on LoaderConfig: `train hf` and `train megatron` default to its values."""
+    """The loader flags are declared once, on LoaderConfig: `train hf` and `train megatron` default to its values
+    (`train megatron` has the two Bridge's Energon loader takes from us; the seed there is the recipe's)."""
     from packvlm.cli import default_of
     from train.recipes.hf import HFTrainConfig
     from train.recipes.megatron import MegatronTrainConfig
@@ -158,7 +159,8 @@ def test_both_recipes_take_the_loaders_defaults():
     names = ("num_workers", "packs_per_microbatch", "seed", "sampling", "pixels", "shuffle_buffer_size")
     loader = {name: default_of(LoaderConfig, name) for name in names}
     assert {name: default_of(HFTrainConfig, name) for name in names} == loader
-    assert {name: default_of(MegatronTrainConfig, name) for name in names} == loader
+    shared = ("num_workers", "packs_per_microbatch")
+    assert {name: default_of(MegatronTrainConfig, name) for name in shared} == {name: loader[name] for name in shared}
 
 
 def test_valid_dataset_info(images):

@@ -16,8 +16,7 @@ from schemas.train import CHECKPOINTS_DIR, LATEST_FILE, METRICS_FILE, STATE_DIR,
 from train.distributed import DistContext
 from train.loader import LoaderConfig, rank_loader_config
 from train.recipes.hf import HFTrainConfig
-from train.recipes.megatron import MegatronTrainConfig
-from train.run_dir import TrainRunConflict, claim_run_dir, config_fingerprint
+from train.run_dir import TrainRunConflict, claim_run_dir
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -80,11 +79,9 @@ def test_fingerprints_skip_what_a_resume_may_change(tmp_path):
     hf = HFTrainConfig(data=tmp_path, model=tmp_path, processor=tmp_path, output=tmp_path, max_steps=3)
     assert {"resume", "save_every", "max_steps", "stop_after"}.isdisjoint(hf.fingerprint())
     assert hf.fingerprint()["lr"] == "0.0001" and hf.fingerprint()["sampling"] == "epoch"
-    megatron = MegatronTrainConfig(data=tmp_path, processor=tmp_path, output=tmp_path, max_steps=3)
-    assert megatron.fingerprint() == config_fingerprint(megatron) and megatron.fingerprint()["max_steps"] == "3"
 
 
-def test_both_recipes_build_the_same_loader_from_the_same_flags(tmp_path):
+def test_the_hf_recipe_builds_its_loader_from_its_flags(tmp_path):
     shared = {
         "data": tmp_path / "packed",
         "processor": tmp_path / "proc",
@@ -97,22 +94,17 @@ def test_both_recipes_build_the_same_loader_from_the_same_flags(tmp_path):
         "shuffle_buffer_size": 7,
     }
     hf = rank_loader_config(HFTrainConfig(model=tmp_path, **shared), model="m", rank=1, world_size=2)
-    megatron = rank_loader_config(MegatronTrainConfig(**shared), model="m", rank=1, world_size=2)
-    assert (
-        hf
-        == megatron
-        == LoaderConfig(
-            data=str(tmp_path / "packed"),
-            processor=str(tmp_path / "proc"),
-            model="m",
-            rank=1,
-            world_size=2,
-            num_workers=3,
-            packs_per_microbatch=2,
-            seed=5,
-            sampling="buffer",
-            shuffle_buffer_size=7,
-        )
+    assert hf == LoaderConfig(
+        data=str(tmp_path / "packed"),
+        processor=str(tmp_path / "proc"),
+        model="m",
+        rank=1,
+        world_size=2,
+        num_workers=3,
+        packs_per_microbatch=2,
+        seed=5,
+        sampling="buffer",
+        shuffle_buffer_size=7,
     )
     cp = rank_loader_config(
         HFTrainConfig(model=tmp_path, **shared), model="m", rank=0, world_size=1, context_parallel_size=2
