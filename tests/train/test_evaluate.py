@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tarfile
 import time
 from dataclasses import replace
@@ -39,6 +40,13 @@ from train.distributed import DistContext
 from train.evaluate import EVAL_FILE, evaluate, make_eval_loader, read_eval
 from train.loader import LoaderConfig
 from train.metrics import read_metrics
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
 
 REL = 1e-5
 IMAGE_DATASET = "sharegpt_json"
@@ -153,7 +161,6 @@ def _rank_worker(rank: int, world: int, port: int, inputs: dict[str, Path], out:
 
 def test_two_ranks_read_every_val_pack_exactly_once_and_agree_on_the_truth(eval_inputs, model_and_truth, tmp_path):
     """2 ranks over 3 packs: one rank holds two, so the other repeats its batch (counted once) in lockstep."""
-    from train.recipes.megatron import _free_port
 
     _, (loss, tokens, keys, _) = model_and_truth
     world = 2
