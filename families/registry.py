@@ -123,6 +123,13 @@ FAMILIES: tuple[Family, ...] = (
         layout="LlavaLayout",
         examples=("llava_onevision", "llava_next"),
     ),
+    Family(
+        name="paddleocr_vl",
+        processor_classes=("PaddleOCRVLProcessor",),
+        counter="PaddleOCRVLCounter",
+        layout="PaddleOCRVLLayout",
+        examples=("paddleocr_vl",),
+    ),
 )
 
 
