@@ -47,6 +47,7 @@ MODEL_TYPES = {
     "llava_next": "llava_next",
     "llava_onevision": "llava_onevision",
     "mistral3": "mistral3",
+    "paddleocr_vl": "paddleocr_vl",
     "pixtral": "llava",
     "qwen2_5_omni": "qwen2_5_omni_thinker",
     "qwen2_5_vl": "qwen2_5_vl",
