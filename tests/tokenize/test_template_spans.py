@@ -68,6 +68,7 @@ MARKERS = {
     "llava_next": Markers("[/INST]", "</s>", space_token=True),
     "pixtral": MISTRAL,
     "mistral3": MISTRAL,
+    "paddleocr_vl": Markers("Assistant:\n", "</s>"),  # ERNIE: User: ...\nAssistant:\nreply</s>
 }
 SYSTEM = "You are a careful visual inspector."
 REPLIES = ["A cat.", "A dog on a red table.", "Ciao."]
