@@ -48,6 +48,7 @@ _ROOTS: dict[str, Group] = {
     "multi_modal_projector": "projector",
     "connector": "projector",
     "image_newline": "projector",
+    "projector": "projector",  # PaddleOCR-VL (model.projector: 2x2 merge + MLP)
     "language_model": "language",
     "text_model": "language",
     "lm_head": "language",
