@@ -11,12 +11,18 @@ temporal patch 1, ``min_pixels`` 147384, ``max_pixels`` 2822400, mean = std = 0.
 
 The tokenizer is a small byte-level BPE in place of ERNIE-4.5's SentencePiece, carrying the
 ERNIE specials ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2 at their real ids, then
-``<|begin_of_sentence|>`` / ``<|end_of_sentence|>`` (ERNIE's cls / sep), then the PaddleOCR-VL
-added tokens in upstream order: ``<|IMAGE_PLACEHOLDER|>``, ``<|AUDIO_PLACEHOLDER|>``,
-``<|LOC_0|>`` .. ``<|LOC_1000|>``, ``<|IMAGE_START|>``, ``<|IMAGE_END|>``, ``<|VIDEO_START|>``,
-``<|VIDEO_END|>``. Ids differ from the real vocabulary (100295 for the placeholder there), the
-token structure does not. The processor takes no video (``PaddleOCRVLProcessor`` has no video
+``<|begin_of_sentence|>`` / ``<|end_of_sentence|>`` (ERNIE's cls / sep), then added tokens in
+the relative order of the upstream ids: ``<|IMAGE_PLACEHOLDER|>`` (100295 upstream, the config's
+``image_token_id``), ``<|AUDIO_PLACEHOLDER|>``, ``<|LOC_0|>`` .. ``<|LOC_1000|>``,
+``<|IMAGE_START|>`` / ``<|IMAGE_END|>`` (101305 / 101306, ``vision_start`` / ``vision_end``),
+``<|VIDEO_START|>``, ``<|VIDEO_END|>``. Ids differ from the real vocabulary, the token structure
+(specials, template, placeholder) does not. The processor takes no video (``PaddleOCRVLProcessor`` has no video
 processor), so neither does the example.
+
+Sources (the hub files could not be read offline): the image settings as candle's PaddleOCR-VL
+example quotes them "from preprocessor_config.json" (147384 / 2822400, [-1, 1] normalisation);
+the chat template as a published copy of the checkpoint's ``chat_template.jinja`` gives it
+(``Assistant:\\n``; some third-party copies of an older revision write ``Assistant: ``).
 """
 
 from __future__ import annotations
