@@ -25,6 +25,7 @@ from typing import Any
 
 import transformers
 from transformers import AutoProcessor, AutoTokenizer, ProcessorMixin
+from transformers.image_processing_utils import ImageProcessingMixin
 
 # from its module: transformers 5.8 - 5.12 export a torchvision-gated placeholder at the top level
 from transformers.models.auto.image_processing_auto import AutoImageProcessor
@@ -188,7 +189,9 @@ def _load_pieces(path: str) -> ProcessorBundle:
         image_processor=image_processor,
         video_config=video_config,
         chat_template=template,
-        processor=_image_only_processor(processor_class, image_processor, tokenizer, template, settings),
+        processor=None
+        if isinstance(image_processor, SettingsOnlyImageProcessor)
+        else _image_only_processor(processor_class, image_processor, tokenizer, template, settings),
         loaded_via="pieces",
         processor_config=settings,
     )
@@ -206,9 +209,25 @@ def _pil_image_processor(path: str, type_name: str | None) -> Any:
         return AutoImageProcessor.from_pretrained(path, backend="pil")
     except (ValueError, AttributeError, ImportError) as exc:
         cls = _pil_image_processor_class(type_name) if type_name else None
+        if cls is None and not is_torchvision_available():
+            return _settings_only_image_processor(path)
         if cls is None:
             raise ProcessorLoadError(f"cannot load the image processor of {path!r}: {exc}") from exc
         return cls.from_pretrained(path)
+
+
+class SettingsOnlyImageProcessor(ImageProcessingMixin):
+    """``preprocessor_config.json`` as attributes, for a torchvision-only image processor without torchvision.
+
+    LFM2-VL's ``Lfm2VlImageProcessor`` has no PIL twin: counting needs only its settings, which a
+    family's counter reads with the class defaults it declares itself (``families/lfm2_vl``).
+    It processes no pixels; the processor is not built (verifying and training need torchvision).
+    """
+
+
+def _settings_only_image_processor(path: str) -> SettingsOnlyImageProcessor:
+    log.debug("%s: torchvision-only image processor without torchvision: its settings only (counts exact)", path)
+    return SettingsOnlyImageProcessor.from_pretrained(path)
 
 
 def _pil_image_processor_class(type_name: str) -> Any:
