@@ -13,8 +13,8 @@ through the model with transformers' *own* ``causal_conv1d_fn`` (the hook of
 The conv taps and the conv's input projection (its B / C gates) are redrawn with std 0.5 before
 the truth is taken (transformers' init of std 0.02 leaks too little to see at the loss). Mutation:
 the conv over the whole row, as the unhooked model runs it: the previous sample's last two tokens
-reach the first two of the next. At the layer level, both LFM2 short-conv classes on a packed row
-equal each segment alone.
+reach the first two of the next. The layer-level checks (both LFM2 short-conv classes, no
+torchvision needed) are in ``test_lfm2_short_conv.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -46,12 +45,7 @@ from tests.train.packed_truth import (
 from train import linear_attention
 from train.batch import PackedBatch, concat_batches
 from train.forward import packed_inputs
-from train.linear_attention import (
-    CONV_FUNCTION,
-    UnsupportedLinearAttentionError,
-    install_packed_linear_attention,
-    linear_attention_layers,
-)
+from train.linear_attention import CONV_FUNCTION, linear_attention_layers
 from train.loss import per_token_losses
 
 pytestmark = pytest.mark.torchvision
@@ -194,46 +188,6 @@ def test_mutation_conv_over_the_whole_row_leaks(setup: Setup, batch: PackedBatch
     for start in cu[1:-1]:
         assert float((ours[start : start + 2] - leaked[start : start + 2]).abs().max()) > LARGE
     assert loss_diff(setup.truth["A"], batch, per_token_losses(leaked[None], batch.labels)) > 2 * TOLERANCE
-
-
-@pytest.mark.parametrize("model_type", ["lfm2", "lfm2_moe"])
-def test_short_conv_layer_packed_equals_each_segment_alone(model_type: str) -> None:
-    """Layer level, both LFM2 short-conv classes: the hooked layer on a packed row with ``cu_seq_lens_q``
-    equals each segment alone (bit for bit: the same torch conv per slot); the unhooked function leaks."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING
-
-    config = AutoConfig.for_model(
-        model_type, hidden_size=16, num_hidden_layers=1, layer_types=["conv"], conv_L_cache=3, vocab_size=32
-    )
-    torch.manual_seed(0)
-    model = MODEL_MAPPING[type(config)](config)
-    layer = model.layers[0].conv
-    assert type(layer).__name__ in linear_attention.COVERED_LAYERS
-    with torch.no_grad():  # outputs of order 1 (the init's std 0.02 gives ~1e-6)
-        for weight in (layer.conv.weight, layer.in_proj.weight, layer.out_proj.weight):
-            weight.normal_(0.0, 0.5)
-    install_packed_linear_attention(model)
-    x = torch.randn(1, 11, 16)
-    cu = torch.tensor([0, 4, 5, 11], dtype=torch.int32)
-    with torch.no_grad():
-        packed = layer(x, cu_seq_lens_q=cu)
-        alone = torch.cat([layer(x[:, a:b]) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())], dim=1)
-        whole = layer(x)
-    # the same conv per slot; the projections are fp32 sums of 16 terms over rows of other counts
-    # (other blocking): ~1e-7 relative, bounded at 1e-5 of the largest output
-    scale = float(alone.abs().max())
-    assert float((packed - alone).abs().max()) <= 1e-5 * scale
-    assert float((whole - alone)[:, 4:6].abs().max()) > 1e-2 * scale  # the first taps of segments 2 and 3
-    assert float((whole - alone)[:, :4].abs().max()) <= 1e-5 * scale  # the first segment is the same
-
-
-def test_uncovered_conv_layer_types_are_refused() -> None:
-    """A config declaring ``conv`` layers the model does not hold as covered short convs is refused."""
-    model = torch.nn.Module()
-    model.config = SimpleNamespace(layer_types=["conv", "full_attention"])
-    with pytest.raises(UnsupportedLinearAttentionError, match="1 linear-attention layers in its config, 0 of them"):
-        install_packed_linear_attention(model)
 
 
 def test_unpacked_call_is_transformers_own(setup: Setup) -> None:
