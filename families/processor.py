@@ -54,6 +54,10 @@ class ProcessorBundle:
     loaded_via: str  # "AutoProcessor" or "pieces"
     # processor_config.json's settings (e.g. Pixtral's patch_size, spatial_merge_size)
     processor_config: dict[str, Any] = field(default_factory=dict)
+    # preprocessor_config.json as written, hashed in `identity` instead of the loaded image processor
+    # where that processor is torchvision-only (LFM2-VL): loaded with torchvision it serialises every
+    # class default, without it only the file, so the identity would differ between the two
+    image_config: dict[str, Any] | None = None
 
     def token_id(self, default_token: str, attribute: str) -> int:
         """Id of a special token, preferring the tokenizer's own attribute (e.g. image_token)."""
@@ -68,7 +72,10 @@ class ProcessorBundle:
         digest = hashlib.sha256()
         digest.update(self.tokenizer.backend_tokenizer.to_str().encode("utf-8"))
         digest.update(self.chat_template.encode("utf-8"))
-        digest.update(self.image_processor.to_json_string().encode("utf-8"))
+        if self.image_config is not None:
+            digest.update(json.dumps(self.image_config, sort_keys=True, default=str).encode("utf-8"))
+        else:
+            digest.update(self.image_processor.to_json_string().encode("utf-8"))
         digest.update(json.dumps(self.video_config, sort_keys=True, default=str).encode("utf-8"))
         if self.processor_config:  # absent for Qwen: their identities stay as they were
             digest.update(json.dumps(self.processor_config, sort_keys=True, default=str).encode("utf-8"))
@@ -170,6 +177,20 @@ def load_processor(path: str) -> ProcessorBundle:
         processor=processor,
         loaded_via="AutoProcessor",
         processor_config=_processor_settings(ProcessorMixin.get_processor_dict(path)[0]),
+        image_config=_read_json(path, IMAGE_PROCESSOR_NAME) if _torchvision_only(processor.image_processor) else None,
+    )
+
+
+def _torchvision_only(image_processor: Any) -> bool:
+    """Whether transformers maps this image processor class to a torchvision backend and no PIL one."""
+    from transformers.models.auto.auto_mappings import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    if isinstance(image_processor, SettingsOnlyImageProcessor):
+        return True
+    name = type(image_processor).__name__
+    return any(
+        isinstance(backends, dict) and backends.get("torchvision") == name and "pil" not in backends
+        for backends in IMAGE_PROCESSOR_MAPPING_NAMES.values()
     )
 
 
@@ -178,7 +199,9 @@ def _load_pieces(path: str) -> ProcessorBundle:
     tokenizer = AutoTokenizer.from_pretrained(path)
     image_config = _read_json(path, IMAGE_PROCESSOR_NAME)
     image_processor = _pil_image_processor(path, image_config.get("image_processor_type"))
-    video_config = _read_json(path, VIDEO_PROCESSOR_NAME) or image_config
+    settings_only = isinstance(image_processor, SettingsOnlyImageProcessor)
+    # Qwen-VL keep video settings beside the image ones; a torchvision-only family (LFM2-VL) takes no video
+    video_config = _read_json(path, VIDEO_PROCESSOR_NAME) or ({} if settings_only else image_config)
     processor_class = processor_dict.get("processor_class") or image_config.get("processor_class") or ""
     template = _require_template(path, processor_dict.get("chat_template") or tokenizer.chat_template)
     settings = _processor_settings(processor_dict)
@@ -194,6 +217,7 @@ def _load_pieces(path: str) -> ProcessorBundle:
         else _image_only_processor(processor_class, image_processor, tokenizer, template, settings),
         loaded_via="pieces",
         processor_config=settings,
+        image_config=image_config if settings_only else None,
     )
 
 

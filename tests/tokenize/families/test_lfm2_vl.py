@@ -95,6 +95,21 @@ def test_counts_without_torchvision_from_the_settings_alone(dirs, monkeypatch):
     assert len(count.expansion) == count.num_tokens + 6 + 1 + 2
 
 
+@torchvision_only
+def test_identity_is_the_same_with_and_without_torchvision(bundles, dirs, monkeypatch):
+    """Tokenize without torchvision, train with it: `train.identity` compares these hashes."""
+    import families.processor as processor_module
+
+    real = bundles["thumbnail"].identity()
+    monkeypatch.setattr(processor_module, "is_torchvision_available", lambda: False)
+    monkeypatch.setattr(processor_module.AutoProcessor, "from_pretrained", _raise_no_torchvision)
+    monkeypatch.setattr(processor_module.AutoImageProcessor, "from_pretrained", _raise_no_torchvision)
+    settings_only = load_processor(str(dirs["thumbnail"]))
+    assert isinstance(settings_only.image_processor, SettingsOnlyImageProcessor)
+    assert settings_only.identity() == real
+    assert bundles["checkpoint"].identity()["sha256"] != real["sha256"]  # use_thumbnail is in the hash
+
+
 def _raise_no_torchvision(*args: Any, **kwargs: Any) -> Any:
     raise ImportError("Lfm2VlImageProcessor requires the Torchvision library but it was not found")
 
