@@ -1,21 +1,24 @@
 """LFM2-VL example processor: an offline ``Lfm2VlProcessor`` directory and a tiny model.
 
-Settings of ``LiquidAI/LFM2-VL-450M`` (the 1.6B checkpoint ships the same image settings):
-its ``processor_config.json`` (``do_image_splitting`` true, ``downsample_factor`` 2,
-``encoder_patch_size`` 16, ``min_image_tokens`` 64, ``max_image_tokens`` 256,
-``max_num_patches`` 1024, ``max_pixels_tolerance`` 2.0, ``min_tiles`` 2, ``max_tiles`` 10,
-``tile_size`` 512, ``use_image_special_tokens`` true, ``use_thumbnail`` false) and its
-``preprocessor_config.json`` (mean / std 0.5, ``resample`` 2 = bilinear, rescale 1/255), written
-here in transformers 5.x's layout: one ``preprocessor_config.json`` of
+Settings of ``LiquidAI/LFM2-VL-450M`` as published with transformers 4.55 (remote code; read
+from a stored copy of the repository): its ``processor_config.json`` (``do_image_splitting``
+true, ``downsample_factor`` 2, ``encoder_patch_size`` 16, ``min_image_tokens`` 64,
+``max_image_tokens`` 256, ``max_num_patches`` 1024, ``max_pixels_tolerance`` 2.0, ``min_tiles``
+2, ``max_tiles`` 10, ``tile_size`` 512, ``use_image_special_tokens`` true, ``use_thumbnail``
+false) and its ``preprocessor_config.json`` (mean / std 0.5, ``resample`` 2 = bilinear,
+rescale 1/255), written here in transformers 5.x's layout: one ``preprocessor_config.json`` of
 ``Lfm2VlImageProcessor`` (torchvision only: ``image_processing_auto`` has no PIL twin). Its
-chat template, verbatim (``{{bos_token}}``, ``<|im_start|>role\\n`` ... ``<|im_end|>\\n``, one
-``<image>`` per image, no default system prompt, no reasoning block).
+``chat_template.jinja``, verbatim (``{{bos_token}}``, ``<|im_start|>role\n`` ...
+``<|im_end|>\n``, one ``<image>`` per image, no default system prompt, no reasoning block).
+Its ``config.json``: ``image_token_index`` 396, SigLIP2 patch 16, LFM2 text model with
+``conv_L_cache`` 3 (10 conv and 6 attention layers).
 
-Tokenizer: the example byte-level BPE plus the LFM2 special tokens in their upstream order
-(``<|pad|>`` 0, ``<|startoftext|>`` 1, ``<|endoftext|>`` 2, ``<|im_start|>`` 6, ``<|im_end|>`` 7
-upstream: here after the BPE vocabulary), then ``<image>`` (396 upstream), the 100 tile
-position tokens ``<|img_row_R_col_C|>`` for R, C in 1..10 (397..496), ``<|img_thumbnail|>``
-(497), ``<|image_start|>`` (498), ``<|image_end|>`` (499).
+Tokenizer: the example byte-level BPE (``PreTrainedTokenizerFast``) plus the LFM2 special
+tokens, ids after the BPE vocabulary: ``<|pad|>``, ``<|startoftext|>`` (BOS), ``<|endoftext|>``,
+the three FIM tokens, ``<|im_start|>``, ``<|im_end|>`` (EOS) in LFM2's order (0..7 upstream),
+then ``<image>`` (396 upstream), the 100 tile position tokens ``<|img_row_R_col_C|>`` for R, C
+in 1..10 (the most a grid of ``max_tiles`` 10 needs), ``<|img_thumbnail|>``,
+``<|image_start|>``, ``<|image_end|>`` (their upstream ids are not checked here).
 """
 
 from __future__ import annotations
