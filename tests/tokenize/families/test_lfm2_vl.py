@@ -225,12 +225,15 @@ def _dense_sizes() -> list[tuple[int, int]]:
 @torchvision_only
 @pytest.mark.parametrize("variant", [*VARIANTS, "special_tokens_key"])
 def test_dense_grid_equals_processor(bundles, counters, variant):
-    for width, height in _dense_sizes():
+    sizes = _dense_sizes()
+    if variant not in ("checkpoint", "thumbnail"):  # fewer images where only one setting differs (CI time)
+        sizes = sizes[::3]
+    for width, height in sizes:
         _assert_equal_or_refused(bundles[variant], counters[variant], width, height)
 
 
 @torchvision_only
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(width=st.integers(1, 6000), height=st.integers(1, 6000))
 def test_random_sizes_equal_processor(bundles, counters, width, height):
     _assert_equal_or_refused(bundles["thumbnail"], counters["thumbnail"], width, height)
