@@ -213,7 +213,7 @@ def _load_pieces(path: str) -> ProcessorBundle:
         video_config=video_config,
         chat_template=template,
         processor=None
-        if isinstance(image_processor, SettingsOnlyImageProcessor)
+        if settings_only
         else _image_only_processor(processor_class, image_processor, tokenizer, template, settings),
         loaded_via="pieces",
         processor_config=settings,
