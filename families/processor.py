@@ -25,6 +25,7 @@ from typing import Any
 
 import transformers
 from transformers import AutoProcessor, AutoTokenizer, ProcessorMixin
+from transformers.image_processing_utils import ImageProcessingMixin
 
 # from its module: transformers 5.8 - 5.12 export a torchvision-gated placeholder at the top level
 from transformers.models.auto.image_processing_auto import AutoImageProcessor
@@ -53,6 +54,10 @@ class ProcessorBundle:
     loaded_via: str  # "AutoProcessor" or "pieces"
     # processor_config.json's settings (e.g. Pixtral's patch_size, spatial_merge_size)
     processor_config: dict[str, Any] = field(default_factory=dict)
+    # preprocessor_config.json as written, hashed in `identity` instead of the loaded image processor
+    # where that processor is torchvision-only (LFM2-VL): loaded with torchvision it serialises every
+    # class default, without it only the file, so the identity would differ between the two
+    image_config: dict[str, Any] | None = None
 
     def token_id(self, default_token: str, attribute: str) -> int:
         """Id of a special token, preferring the tokenizer's own attribute (e.g. image_token)."""
@@ -67,7 +72,10 @@ class ProcessorBundle:
         digest = hashlib.sha256()
         digest.update(self.tokenizer.backend_tokenizer.to_str().encode("utf-8"))
         digest.update(self.chat_template.encode("utf-8"))
-        digest.update(self.image_processor.to_json_string().encode("utf-8"))
+        if self.image_config is not None:
+            digest.update(json.dumps(self.image_config, sort_keys=True, default=str).encode("utf-8"))
+        else:
+            digest.update(self.image_processor.to_json_string().encode("utf-8"))
         digest.update(json.dumps(self.video_config, sort_keys=True, default=str).encode("utf-8"))
         if self.processor_config:  # absent for Qwen: their identities stay as they were
             digest.update(json.dumps(self.processor_config, sort_keys=True, default=str).encode("utf-8"))
@@ -169,6 +177,20 @@ def load_processor(path: str) -> ProcessorBundle:
         processor=processor,
         loaded_via="AutoProcessor",
         processor_config=_processor_settings(ProcessorMixin.get_processor_dict(path)[0]),
+        image_config=_read_json(path, IMAGE_PROCESSOR_NAME) if _torchvision_only(processor.image_processor) else None,
+    )
+
+
+def _torchvision_only(image_processor: Any) -> bool:
+    """Whether transformers maps this image processor class to a torchvision backend and no PIL one."""
+    from transformers.models.auto.auto_mappings import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    if isinstance(image_processor, SettingsOnlyImageProcessor):
+        return True
+    name = type(image_processor).__name__
+    return any(
+        isinstance(backends, dict) and backends.get("torchvision") == name and "pil" not in backends
+        for backends in IMAGE_PROCESSOR_MAPPING_NAMES.values()
     )
 
 
@@ -177,7 +199,9 @@ def _load_pieces(path: str) -> ProcessorBundle:
     tokenizer = AutoTokenizer.from_pretrained(path)
     image_config = _read_json(path, IMAGE_PROCESSOR_NAME)
     image_processor = _pil_image_processor(path, image_config.get("image_processor_type"))
-    video_config = _read_json(path, VIDEO_PROCESSOR_NAME) or image_config
+    settings_only = isinstance(image_processor, SettingsOnlyImageProcessor)
+    # Qwen-VL keep video settings beside the image ones; a torchvision-only family (LFM2-VL) takes no video
+    video_config = _read_json(path, VIDEO_PROCESSOR_NAME) or ({} if settings_only else image_config)
     processor_class = processor_dict.get("processor_class") or image_config.get("processor_class") or ""
     template = _require_template(path, processor_dict.get("chat_template") or tokenizer.chat_template)
     settings = _processor_settings(processor_dict)
@@ -188,9 +212,12 @@ def _load_pieces(path: str) -> ProcessorBundle:
         image_processor=image_processor,
         video_config=video_config,
         chat_template=template,
-        processor=_image_only_processor(processor_class, image_processor, tokenizer, template, settings),
+        processor=None
+        if settings_only
+        else _image_only_processor(processor_class, image_processor, tokenizer, template, settings),
         loaded_via="pieces",
         processor_config=settings,
+        image_config=image_config if settings_only else None,
     )
 
 
@@ -206,9 +233,25 @@ def _pil_image_processor(path: str, type_name: str | None) -> Any:
         return AutoImageProcessor.from_pretrained(path, backend="pil")
     except (ValueError, AttributeError, ImportError) as exc:
         cls = _pil_image_processor_class(type_name) if type_name else None
+        if cls is None and not is_torchvision_available():
+            return _settings_only_image_processor(path)
         if cls is None:
             raise ProcessorLoadError(f"cannot load the image processor of {path!r}: {exc}") from exc
         return cls.from_pretrained(path)
+
+
+class SettingsOnlyImageProcessor(ImageProcessingMixin):
+    """``preprocessor_config.json`` as attributes, for a torchvision-only image processor without torchvision.
+
+    LFM2-VL's ``Lfm2VlImageProcessor`` has no PIL twin: counting needs only its settings, which a
+    family's counter reads with the class defaults it declares itself (``families/lfm2_vl``).
+    It processes no pixels; the processor is not built (verifying and training need torchvision).
+    """
+
+
+def _settings_only_image_processor(path: str) -> SettingsOnlyImageProcessor:
+    log.debug("%s: torchvision-only image processor without torchvision: its settings only (counts exact)", path)
+    return SettingsOnlyImageProcessor.from_pretrained(path)
 
 
 def _pil_image_processor_class(type_name: str) -> Any:

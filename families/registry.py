@@ -36,6 +36,9 @@ class Family:
     counter: str  # class in families/<name>/counter.py
     layout: str  # class in families/<name>/layout.py
     examples: tuple[str, ...]  # names of families/<name>/example.py's EXAMPLES (``prep example --family``)
+    #: its image processor exists only in torchvision form: counting works without torchvision
+    #: (settings only), building pixels (train, verifying against the processor) needs it
+    needs_torchvision: bool = False
 
     def module(self, face: Face) -> ModuleType:
         """``families.<name>.<face>``, imported."""
@@ -129,6 +132,14 @@ FAMILIES: tuple[Family, ...] = (
         counter="PaddleOCRVLCounter",
         layout="PaddleOCRVLLayout",
         examples=("paddleocr_vl",),
+    ),
+    Family(
+        name="lfm2_vl",
+        processor_classes=("Lfm2VlProcessor",),
+        counter="Lfm2VlCounter",
+        layout="Lfm2VlLayout",
+        examples=("lfm2_vl",),
+        needs_torchvision=True,
     ),
 )
 

@@ -58,10 +58,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`slow` tests (embedded-Ray actor kills, a full disk) skip unless --runslow."""
+    """`slow` tests (embedded-Ray actor kills, a full disk) skip unless --runslow; walks over example
+    families mark a torchvision-only family's case `torchvision` (skipped without torchvision)."""
+    _mark_torchvision_examples(items)
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: pass --runslow to run it")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _mark_torchvision_examples(items: list[pytest.Item]) -> None:
+    """A case parametrized with an example of a ``needs_torchvision`` family (`families.registry`) is
+    marked ``torchvision``, and skipped where torchvision does not import (its processor cannot be built)."""
+    import importlib.util
+
+    from families.registry import FAMILIES
+
+    names = {name for family in FAMILIES if family.needs_torchvision for name in family.examples}
+    missing = importlib.util.find_spec("torchvision") is None
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if any(isinstance(value, str) and value in names for value in params.values()):
+            item.add_marker(pytest.mark.torchvision)
+            if missing:
+                item.add_marker(pytest.mark.skip(reason="torchvision-only image processor: needs torchvision"))

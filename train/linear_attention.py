@@ -1,4 +1,4 @@
-"""Packed rows through hybrid gated-delta-net models (Qwen3.5, Qwen3.5-MoE, Qwen3-Next).
+"""Packed rows through hybrid models: gated delta nets (Qwen3.5, Qwen3.5-MoE, Qwen3-Next), short convs (LFM2).
 
 A gated delta net mixes tokens twice without attention: a causal depthwise conv1d (4 taps) over
 the fused q/k/v projection, then the gated delta recurrence. In a packed row both must restart at
@@ -23,8 +23,14 @@ covered modeling module by a dispatcher that
 so the model's own layer runs unmodified, no kernel is downloaded, and an unpacked call computes
 exactly what it did before. Boundaries with a cache to continue (an initial state) are refused.
 
+LFM2's short convolution (``Lfm2ShortConv``, ``Lfm2MoeShortConv``: LFM2 and LFM2-VL text models,
+a depthwise causal conv of ``conv_L_cache`` taps gated by the input projection) calls the same
+module-level ``causal_conv1d_fn(..., **kwargs)`` with the decoder layer's ``**kwargs``, so the
+same conv dispatcher makes each sample's conv start from zeros; its modeling module has no rule
+function, so only the conv is hooked there.
+
 Which layers are covered is decided here only (:func:`check_linear_layers`): every
-``linear_attention`` entry of the config's ``layer_types`` must be one of :data:`COVERED_LAYERS`;
+``linear_attention`` or ``conv`` entry of the config's ``layer_types`` must be one of :data:`COVERED_LAYERS`;
 any other recurrent layer (Mamba, KDA, MiniMax lightning attention, OLMo-Hybrid, ...) is refused
 before training instead of leaking across samples.
 """
@@ -46,8 +52,13 @@ from packvlm.errors import InternalError, UsageError
 
 log = logging.getLogger(__name__)
 
-#: gated-delta-net layer classes whose modeling module calls the two functions hooked here
-COVERED_LAYERS = frozenset({"Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet"})
+#: token-mixing layer classes whose modeling module calls the functions hooked here (the conv; and the
+#: rule where the module defines one): gated delta nets, LFM2's short convolutions
+COVERED_LAYERS = frozenset(
+    {"Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet", "Lfm2ShortConv", "Lfm2MoeShortConv"}
+)
+#: ``layer_types`` entries of recurrent / convolutional token mixers (each must be a covered layer)
+LINEAR_LAYER_TYPES = frozenset({"linear_attention", "conv"})
 CONV_FUNCTION = "causal_conv1d_fn"
 RULE_FUNCTION = "torch_chunk_gated_delta_rule"
 _HOOK_FLAG = "_packvlm_linear_attention"
@@ -62,7 +73,7 @@ class UnsupportedLinearAttentionError(UsageError, NotImplementedError):
 
 
 def linear_attention_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's covered gated-delta-net modules, in module order."""
+    """The model's covered linear token mixers (gated delta nets, short convs), in module order."""
     return [m for m in model.modules() if type(m).__name__ in COVERED_LAYERS]
 
 
@@ -79,13 +90,13 @@ def check_linear_layers(model: nn.Module) -> list[nn.Module]:
         UnsupportedLinearAttentionError: the config declares more ``linear_attention`` layers
             than the model holds covered gated-delta-net modules.
     """
-    declared = sum(t == "linear_attention" for t in _layer_types(model))
+    declared = sum(t in LINEAR_LAYER_TYPES for t in _layer_types(model))
     covered = linear_attention_layers(model)
     if declared > len(covered):
         mixers = sorted({type(m).__name__ for m in model.modules() if _is_token_mixer(m)} - COVERED_LAYERS)
         raise UnsupportedLinearAttentionError(
             f"{type(model).__name__}: {declared} linear-attention layers in its config, {len(covered)} of them "
-            f"gated delta nets packvlm resets per sample ({', '.join(sorted(COVERED_LAYERS))}); the others "
+            f"token mixers packvlm resets per sample ({', '.join(sorted(COVERED_LAYERS))}); the others "
             f"({', '.join(mixers) or 'unknown layer types'}) would carry state from one packed sample into the "
             "next. Train it unpacked."
         )
@@ -95,7 +106,7 @@ def check_linear_layers(model: nn.Module) -> list[nn.Module]:
 def _is_token_mixer(module: nn.Module) -> bool:
     """A guess for the refusal message only: recurrent token mixers are named like these."""
     name = type(module).__name__
-    parts = ("DeltaNet", "Mamba", "Mixer", "LinearAttention", "Recurrent", "Kda", "Lightning", "SSM")
+    parts = ("DeltaNet", "Mamba", "Mixer", "LinearAttention", "Recurrent", "Kda", "Lightning", "SSM", "ShortConv")
     return any(part in name for part in parts) and not name.endswith(("DecoderLayer", "Model", "ForCausalLM"))
 
 
@@ -107,10 +118,11 @@ def install_packed_linear_attention(model: nn.Module) -> nn.Module:
 
 
 def _hook_module(modeling: Any) -> None:
-    conv, rule = getattr(modeling, CONV_FUNCTION), getattr(modeling, RULE_FUNCTION)
+    """Hook the conv, and the rule where the module has one (LFM2's modules have a conv only)."""
+    conv, rule = getattr(modeling, CONV_FUNCTION), getattr(modeling, RULE_FUNCTION, None)
     if not getattr(conv, _HOOK_FLAG, False):
         setattr(modeling, CONV_FUNCTION, _conv_dispatcher(conv))
-    if not getattr(rule, _HOOK_FLAG, False):
+    if rule is not None and not getattr(rule, _HOOK_FLAG, False):
         setattr(modeling, RULE_FUNCTION, _rule_dispatcher(rule))
 
 

@@ -44,6 +44,7 @@ MODEL_TYPES = {
     "glm4v": "glm4v",
     "idefics3": "idefics3",
     "internvl": "internvl",
+    "lfm2_vl": "lfm2_vl",
     "llava_next": "llava_next",
     "llava_onevision": "llava_onevision",
     "mistral3": "mistral3",

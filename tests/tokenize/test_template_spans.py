@@ -59,6 +59,7 @@ MARKERS = {
     "qwen2_5_omni": CHATML,
     "qwen3_omni_moe": CHATML,
     "internvl": CHATML,
+    "lfm2_vl": CHATML,
     "llava_onevision": CHATML,
     "gemma3": Markers("<start_of_turn>model\n", "<end_of_turn>\n"),
     "glm4v": Markers("<|assistant|>\n", None),  # GLM-4.6V's "<think></think>\n" is part of each reply

@@ -48,7 +48,9 @@ def test_every_parameter_falls_in_exactly_one_group(model: nn.Module) -> None:
     assert {n for n, g in groups.items() if g == "language"} == {n for n, p in named.items() if id(p) in language}
 
     vision = {n: named[n] for n, g in groups.items() if g == "vision"}
-    assert any(p.dim() >= 4 and p.shape[1] == 3 for p in vision.values()), "no patch embedding over RGB"
+    # a conv over RGB, or (SigLIP2 NaFlex, LFM2-VL) a linear over flattened RGB patches
+    linear_patches = [p for n, p in vision.items() if "patch_embedding" in n and p.dim() == 2 and p.shape[1] % 3 == 0]
+    assert any(p.dim() >= 4 and p.shape[1] == 3 for p in vision.values()) or linear_patches, "no patch embedding"
     projector = {n: named[n] for n, g in groups.items() if g == "projector"}
     hidden = _text_hidden_size(model)
     assert any(hidden in p.shape for p in projector.values()), sorted(projector)
