@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import transformers
-from transformers import AutoProcessor, AutoTokenizer, ProcessorMixin
+from transformers import AutoProcessor, AutoTokenizer, ImageProcessingMixin, ProcessorMixin
 
 # from its module: transformers 5.8 - 5.12 export a torchvision-gated placeholder at the top level
 from transformers.models.auto.image_processing_auto import AutoImageProcessor
@@ -176,7 +176,7 @@ def _load_pieces(path: str) -> ProcessorBundle:
     processor_dict, _ = ProcessorMixin.get_processor_dict(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     image_config = _read_json(path, IMAGE_PROCESSOR_NAME)
-    image_processor = _pil_image_processor(path, image_config.get("image_processor_type"))
+    image_processor = _pil_image_processor(path, image_config)
     video_config = _read_json(path, VIDEO_PROCESSOR_NAME) or image_config
     processor_class = processor_dict.get("processor_class") or image_config.get("processor_class") or ""
     template = _require_template(path, processor_dict.get("chat_template") or tokenizer.chat_template)
@@ -188,27 +188,38 @@ def _load_pieces(path: str) -> ProcessorBundle:
         image_processor=image_processor,
         video_config=video_config,
         chat_template=template,
-        processor=_image_only_processor(processor_class, image_processor, tokenizer, template, settings),
+        processor=None  # a settings-only image processor cannot run pixels: no reference processor here
+        if type(image_processor) is ImageProcessingMixin
+        else _image_only_processor(processor_class, image_processor, tokenizer, template, settings),
         loaded_via="pieces",
         processor_config=settings,
     )
 
 
-def _pil_image_processor(path: str, type_name: str | None) -> Any:
+def _pil_image_processor(path: str, image_config: dict[str, Any]) -> Any:
     """The PIL image processor of ``path``.
 
     ``AutoImageProcessor`` finds it, except on transformers 5.8 - 5.12 without torchvision: there
     the top-level names of several PIL classes (Idefics3, SmolVLM, ...) are torchvision-gated
     placeholders although their modules import without it, and the auto class finds no class.
     Then the class named in transformers' image-processor mapping is imported from its module.
+    A class that exists only for torchvision (Kimi K2.5) has no PIL twin: its settings are kept
+    as a settings-only ``ImageProcessingMixin`` (counting reads settings; pixels need torchvision).
     """
+    type_name = image_config.get("image_processor_type")
     try:
         return AutoImageProcessor.from_pretrained(path, backend="pil")
     except (ValueError, AttributeError, ImportError) as exc:
         cls = _pil_image_processor_class(type_name) if type_name else None
-        if cls is None:
-            raise ProcessorLoadError(f"cannot load the image processor of {path!r}: {exc}") from exc
-        return cls.from_pretrained(path)
+        if cls is not None:
+            return cls.from_pretrained(path)
+        if type_name in TORCHVISION_ONLY_IMAGE_PROCESSORS and not is_torchvision_available():
+            return ImageProcessingMixin(**image_config)
+        raise ProcessorLoadError(f"cannot load the image processor of {path!r}: {exc}") from exc
+
+
+#: image processors transformers ships only as torchvision classes, whose settings alone count tokens
+TORCHVISION_ONLY_IMAGE_PROCESSORS = ("Kimi_K25ImageProcessor",)
 
 
 def _pil_image_processor_class(type_name: str) -> Any:

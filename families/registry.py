@@ -123,6 +123,13 @@ FAMILIES: tuple[Family, ...] = (
         layout="LlavaLayout",
         examples=("llava_onevision", "llava_next"),
     ),
+    Family(
+        name="kimi_k25",
+        processor_classes=("Kimi_K25Processor",),
+        counter="KimiK25Counter",
+        layout="KimiK25Layout",
+        examples=("kimi_k25",),
+    ),
 )
 
 
