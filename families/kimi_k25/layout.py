@@ -36,6 +36,11 @@ from PIL import Image
 from families.kimi_k25.settings import KimiK25Settings
 from families.layout import IMAGE, RAW_PIXELS, DecodedVideo, ItemInputs, Join, Rope, SampleInputs
 from families.processor import ProcessorBundle
+from packvlm.errors import ResourceError
+
+
+class TorchvisionNeededError(ResourceError):
+    """Kimi K2.5's image processor is a torchvision class: training its images needs torchvision."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +59,11 @@ class KimiK25Layout:
     @classmethod
     def from_bundle(cls, bundle: ProcessorBundle) -> KimiK25Layout:
         """From the loaded processor (its image processor is a torchvision class)."""
+        if not callable(bundle.image_processor):  # the settings-only stand-in `load_processor` keeps without it
+            raise TorchvisionNeededError(
+                f"{bundle.source}: Kimi K2.5 images need torchvision at train time (Kimi_K25ImageProcessor is a "
+                "torchvision class); install torch with its matching torchvision"
+            )
         return cls(settings=KimiK25Settings.from_processor(bundle), image_processor=bundle.image_processor)
 
     @property

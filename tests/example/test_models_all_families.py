@@ -55,7 +55,13 @@ MODEL_TYPES = {
     "qwen3_omni_moe": "qwen3_omni_moe_thinker",
     "qwen3_vl": "qwen3_vl",
     "smolvlm": "smolvlm",
+    "kimi_k25": "kimi_k25",
 }
+#: examples whose processor exists only with torchvision: marked, run by CI in its torchvision env
+NEEDS_TORCHVISION = {
+    "kimi_k25",
+}
+FAMILY_PARAMS = [pytest.param(f, marks=pytest.mark.torchvision) if f in NEEDS_TORCHVISION else f for f in FAMILIES]
 
 
 @dataclass(frozen=True)
@@ -115,8 +121,10 @@ def test_every_family_has_a_tiny_model() -> None:
     assert set(FAMILIES) == set(MODEL_TYPES)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY_PARAMS)
 def test_model_accepts_the_real_processor_output(family: str, built: dict[str, Built]) -> None:
+    if family in NEEDS_TORCHVISION:
+        pytest.importorskip("torchvision")
     bundle = load_processor(str(built[family].processor_dir))
     assert bundle.processor is not None
     model = _model(built[family].model_dir)
@@ -167,6 +175,20 @@ def test_gemma3_has_a_small_window_and_a_global_layer(built: dict[str, Built]) -
     config = AutoConfig.from_pretrained(str(built["gemma3"].model_dir))
     assert config.mm_tokens_per_image == processor.image_seq_length
     assert config.boi_token_id == processor.image_token_id  # <start_of_image>
+
+
+def test_kimi_k25_is_a_deepseek_v3_moe_with_the_processors_merge(built: dict[str, Built]) -> None:
+    config = AutoConfig.from_pretrained(str(built["kimi_k25"].model_dir))
+    text, vision = config.text_config, config.vision_config
+    assert (text.model_type, text.n_routed_experts, text.num_experts_per_tok, text.first_k_dense_replace) == (
+        "deepseek_v3",
+        4,
+        2,
+        1,
+    )
+    image = json.loads((built["kimi_k25"].processor_dir / "preprocessor_config.json").read_text())
+    assert vision.patch_size == image["patch_size"] and list(vision.merge_kernel_size) == [image["merge_size"]] * 2
+    assert config.projection_hidden_size == vision.hidden_size
 
 
 def test_qwen3_5_is_a_linear_and_full_attention_hybrid(built: dict[str, Built]) -> None:
