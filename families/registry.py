@@ -141,6 +141,14 @@ FAMILIES: tuple[Family, ...] = (
         examples=("lfm2_vl",),
         needs_torchvision=True,
     ),
+    Family(
+        name="kimi_k25",
+        processor_classes=("Kimi_K25Processor",),
+        counter="KimiK25Counter",
+        layout="KimiK25Layout",
+        examples=("kimi_k25",),
+        needs_torchvision=True,
+    ),
 )
 
 

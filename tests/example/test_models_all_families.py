@@ -57,6 +57,7 @@ MODEL_TYPES = {
     "qwen3_omni_moe": "qwen3_omni_moe_thinker",
     "qwen3_vl": "qwen3_vl",
     "smolvlm": "smolvlm",
+    "kimi_k25": "kimi_k25",
 }
 
 
@@ -169,6 +170,20 @@ def test_gemma3_has_a_small_window_and_a_global_layer(built: dict[str, Built]) -
     config = AutoConfig.from_pretrained(str(built["gemma3"].model_dir))
     assert config.mm_tokens_per_image == processor.image_seq_length
     assert config.boi_token_id == processor.image_token_id  # <start_of_image>
+
+
+def test_kimi_k25_is_a_deepseek_v3_moe_with_the_processors_merge(built: dict[str, Built]) -> None:
+    config = AutoConfig.from_pretrained(str(built["kimi_k25"].model_dir))
+    text, vision = config.text_config, config.vision_config
+    assert (text.model_type, text.n_routed_experts, text.num_experts_per_tok, text.first_k_dense_replace) == (
+        "deepseek_v3",
+        4,
+        2,
+        1,
+    )
+    image = json.loads((built["kimi_k25"].processor_dir / "preprocessor_config.json").read_text())
+    assert vision.patch_size == image["patch_size"] and list(vision.merge_kernel_size) == [image["merge_size"]] * 2
+    assert config.projection_hidden_size == vision.hidden_size
 
 
 def test_qwen3_5_is_a_linear_and_full_attention_hybrid(built: dict[str, Built]) -> None:

@@ -70,6 +70,7 @@ MARKERS = {
     "pixtral": MISTRAL,
     "mistral3": MISTRAL,
     "paddleocr_vl": Markers("Assistant:\n", "</s>"),  # ERNIE: User: ...\nAssistant:\nreply</s>
+    "kimi_k25": Markers("<|im_assistant|>assistant<|im_middle|><think>", "<|im_end|>"),  # "</think>" + reply
 }
 SYSTEM = "You are a careful visual inspector."
 REPLIES = ["A cat.", "A dog on a red table.", "Ciao."]

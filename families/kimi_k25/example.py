@@ -1,0 +1,227 @@
+"""Kimi K2.5 example processor: an offline ``Kimi_K25Processor`` directory and a tiny model.
+
+Settings of moonshotai/Kimi-K2.5 (its ``preprocessor_config.json`` ``media_proc_cfg``:
+``patch_size`` 14, ``merge_kernel_size`` 2, ``in_patch_limit`` 16384,
+``patch_limit_on_one_side`` 512, mean / std 0.5; video ``in_patch_limit_each_frame`` 4096,
+``temporal_merge_kernel_size`` 4, ``sample_fps`` 2), written in the transformers 5.24 keys
+(``patch_size``, ``merge_size``, ``max_patches``, ``size.max_height`` / ``max_width``), whose
+``Kimi_K25ImageProcessor`` / ``Kimi_K25VideoProcessor`` class defaults carry the same values.
+Both are torchvision classes: loading this directory with its image processor needs torchvision.
+
+Tokenizer: a small byte-level BPE (the checkpoint's tiktoken split without its Han-class
+intersections) carrying Kimi's special tokens at ids 0.. in the checkpoint's order
+(``[BOS]`` ``[EOS]`` ``<|im_end|>`` ``<|im_user|>`` ``<|im_assistant|>`` ... ``<|media_pad|>``
+``<think>`` ``</think>``; 163584.. upstream). Chat template: K2.5's format written out
+(``<|im_system|>system<|im_middle|>`` ... ``<|im_end|>``, ``<|im_user|>user<|im_middle|>``,
+``<|im_assistant|>assistant<|im_middle|>``; each image
+``<|media_begin|>image<|media_content|><|media_pad|><|media_end|>``; the last reply keeps its
+``<think>reasoning</think>``, earlier replies carry an empty ``<think></think>``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from families.example.base import ExampleFamily, write_json
+from families.example.model import TEXT_HIDDEN, ProcessorFacts, TinyModel, text_config, vision_config
+from families.example.tokenizer import train_byte_level_bpe
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+CHECKPOINT = "moonshotai/Kimi-K2.5"
+SPECIALS = (
+    "[BOS]",
+    "[EOS]",
+    "<|im_end|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<|media_begin|>",
+    "<|media_content|>",
+    "<|media_end|>",
+    "<|media_pad|>",
+    "<think>",
+    "</think>",
+    "<|kimi_k25_video_placeholder|>",
+    "[UNK]",
+    "[PAD]",
+)
+KIMI_SPLIT = (
+    r"[\p{Han}]+|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CORPUS = [
+    "Describe the image in detail.",
+    "What is in this picture? A cat sitting on a red table.",
+    "Compare both images: left, right, top and bottom.",
+    "system user assistant image video 0123456789 (parens) [brackets]",
+    "The second photo shows a dog. Where is the tree? Next to the house.",
+    "Let me think about it. First the cat, then the dog.",
+]
+KIMI_K25_TEMPLATE = """{%- macro render_content(msg) -%}
+    {%- set c = msg['content'] -%}
+    {%- if c is string -%}
+        {{- c -}}
+    {%- elif c is not none -%}
+        {%- for part in c -%}
+            {%- if part['type'] in ['image', 'image_url'] -%}
+                {{- '<|media_begin|>image<|media_content|><|media_pad|><|media_end|>' -}}
+            {%- elif part['type'] in ['video', 'video_url'] -%}
+                {{- '<|kimi_k25_video_placeholder|>' -}}
+            {%- else -%}
+                {{- part['text'] -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for message in messages -%}
+    {%- if message['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
+{%- for message in messages -%}
+    {%- if message['role'] == 'system' -%}
+        {{- '<|im_system|>system<|im_middle|>' + render_content(message) + '<|im_end|>' -}}
+    {%- elif message['role'] == 'user' -%}
+        {{- '<|im_user|>user<|im_middle|>' + render_content(message) + '<|im_end|>' -}}
+    {%- elif message['role'] == 'assistant' -%}
+        {{- '<|im_assistant|>assistant<|im_middle|>' -}}
+        {%- if loop.index0 > ns.last_user and message.get('reasoning_content') -%}
+            {{- '<think>' + message['reasoning_content'] + '</think>' -}}
+        {%- else -%}
+            {{- '<think></think>' -}}
+        {%- endif -%}
+        {{- render_content(message) + '<|im_end|>' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_assistant|>assistant<|im_middle|>' -}}
+    {%- if thinking is defined and thinking is false -%}{{- '<think></think>' -}}{%- else -%}{{- '<think>' -}}{%- endif -%}
+{%- endif -%}"""  # noqa: E501
+# moonshotai/Kimi-K2.5 media_proc_cfg, in transformers 5.24's keys (module docstring)
+IMAGE_SETTINGS: dict[str, Any] = {
+    "patch_size": 14,
+    "merge_size": 2,
+    "max_patches": 16384,
+    "size": {"max_height": 512, "max_width": 512},
+}
+VIDEO_SETTINGS: dict[str, Any] = {**IMAGE_SETTINGS, "max_patches": 4096, "temporal_patch_size": 4, "fps": 2}
+_PIXELS: dict[str, Any] = {
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+}
+
+
+def build_processor_dir(out: Path) -> Path:
+    """Write the Kimi K2.5 processor directory to ``out``."""
+    tok = train_byte_level_bpe(KIMI_SPLIT, CORPUS * 10, vocab_size=700, special_tokens=SPECIALS, unk_token="[UNK]")
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "TokenizersBackend",
+            "bos_token": "[BOS]",
+            "eos_token": "[EOS]",
+            "unk_token": "[UNK]",
+            "pad_token": "[PAD]",
+            "add_bos_token": False,
+        },
+    )
+    write_json(
+        out / "preprocessor_config.json",
+        {
+            "image_processor_type": "Kimi_K25ImageProcessor",
+            "processor_class": "Kimi_K25Processor",
+            **_PIXELS,
+            **IMAGE_SETTINGS,
+        },
+    )
+    write_json(
+        out / "video_preprocessor_config.json",
+        {
+            "video_processor_type": "Kimi_K25VideoProcessor",
+            "processor_class": "Kimi_K25Processor",
+            "do_sample_frames": True,
+            **_PIXELS,
+            **VIDEO_SETTINGS,
+        },
+    )
+    write_json(out / "processor_config.json", {"processor_class": "Kimi_K25Processor"})
+    (out / "chat_template.jinja").write_text(KIMI_K25_TEMPLATE, "utf-8")
+    return out
+
+
+def kimi_k25_model_config(facts: ProcessorFacts) -> PretrainedConfig:
+    """Tiny Kimi K2.5: a 2-layer MoonViT (2x2 merge) and a 2-layer DeepSeek-V3 decoder (MLA, 4 experts).
+
+    Layer 0 is dense, layer 1 a MoE (4 routed experts, top 2, one shared): routing is per token,
+    and transformers' DeepSeek-V3 adds no auxiliary or sequence-level balance loss (its
+    ``e_score_correction_bias`` is a buffer no forward updates), so a packed row trains as its
+    samples alone. The image token is the tokenizer's ``<|media_pad|>``.
+    """
+    from transformers import Kimi_K25Config
+
+    patch = int(facts.image["patch_size"])
+    merge = int(facts.image["merge_size"])
+    vision = vision_config(
+        patch_size=patch,
+        merge_kernel_size=[merge, merge],
+        pos_emb_height=64,
+        pos_emb_width=64,
+        pos_emb_time=4,
+        rope_parameters={"rope_type": "axial", "rope_theta": 10000.0},
+    )
+    vision.pop("attention_dropout")
+    text = text_config(
+        facts,
+        model_type="deepseek_v3",
+        num_key_value_heads=4,
+        moe_intermediate_size=TEXT_HIDDEN,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+        tie_word_embeddings=True,
+    )
+    return Kimi_K25Config(
+        text_config=text,
+        vision_config=vision,
+        projection_hidden_size=vision["hidden_size"],
+        image_token_id=facts.token_id("<|media_pad|>"),
+        video_token_id=facts.token_id("<|kimi_k25_video_placeholder|>"),
+        vision_start_token_id=facts.token_id("<|media_begin|>"),
+        vision_end_token_id=facts.token_id("<|media_end|>"),
+        tie_word_embeddings=True,
+        dtype="float32",
+    )
+
+
+EXAMPLES = (
+    ExampleFamily(
+        name="kimi_k25",
+        build_processor=build_processor_dir,
+        description=f"Kimi special tokens, chat template format and image settings of {CHECKPOINT} (needs torchvision)",
+        build_model=TinyModel(kimi_k25_model_config),
+    ),
+)
