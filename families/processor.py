@@ -221,17 +221,16 @@ def _load_pieces(path: str) -> ProcessorBundle:
     )
 
 
-def _pil_image_processor(path: str, image_config: dict[str, Any]) -> Any:
+def _pil_image_processor(path: str, type_name: str | None) -> Any:
     """The PIL image processor of ``path``.
 
     ``AutoImageProcessor`` finds it, except on transformers 5.8 - 5.12 without torchvision: there
     the top-level names of several PIL classes (Idefics3, SmolVLM, ...) are torchvision-gated
     placeholders although their modules import without it, and the auto class finds no class.
     Then the class named in transformers' image-processor mapping is imported from its module.
-    A class that exists only for torchvision (Kimi K2.5) has no PIL twin: its settings are kept
-    as a settings-only ``ImageProcessingMixin`` (counting reads settings; pixels need torchvision).
+    A class that exists only for torchvision (LFM2-VL, Kimi K2.5) has no PIL twin: without
+    torchvision its settings are kept as a ``SettingsOnlyImageProcessor`` (counting reads settings).
     """
-    type_name = image_config.get("image_processor_type")
     try:
         return AutoImageProcessor.from_pretrained(path, backend="pil")
     except (ValueError, AttributeError, ImportError) as exc:
