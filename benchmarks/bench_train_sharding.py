@@ -27,7 +27,9 @@ step hook: exact, no allocator noise), and ``peak`` — the rise of the peak RSS
 over the RSS just before `train hf` starts (the model, data, activations, allocator). Beside
 them: the plan for the same run (`train.plan`, fp32, the run's largest vision-patch count per
 micro-batch) — its state (parameters + gradients + optimizer) and its total — and the ratios
-state / (1-rank state / R) and measured peak / plan total. Prints the machine first.
+state / (1-rank state / R) and measured peak / plan total; last, the peak rise through the first
+step alone (before AdamW's state exists: what a 1-step run would have measured). Prints the
+machine first.
 """
 
 from __future__ import annotations
