@@ -23,6 +23,19 @@ MoE) and key-value widths, V the vocabulary::
                  checkpointing:     L T h c + T a     layer inputs, plus one layer recomputed
                  + T h c x 2 + 4 x 256 V 4            embeddings out / final norm, the chunked
                                                       loss head (`train.chunked_loss`)
+    step         foreach AdamW: 4 Pt / S              the optimizer step's temporaries: CUDA's
+                 single-tensor: 3 x 4 Wt / S          default foreach AdamW makes one fp32
+                                                      ``sqrt(exp_avg_sq)`` per trainable
+                                                      tensor, all at once; the per-tensor
+                                                      loop (CPU, or CPU offload) two for the
+                                                      tensor it updates plus the previous
+                                                      one's ``denom``: Wt the largest tensor
+
+The total is the larger of the two peaks of a step (from the second step on, when the AdamW
+state exists): forward + backward (parameters + compute + gradients + optimizer +
+activations) and the optimizer step (parameters + gradients + optimizer + step, after the
+activations and gathered copies are freed). A 3.75B model on one H200 peaked at 70.4 GiB in
+the optimizer step (nvidia-smi, CUDA context included) where the step's term gives 69.9 GiB.
 
 with ``a`` the bytes one token leaves per decoder layer for backward, as autograd's saved tensors
 of a transformers Qwen2 decoder layer measure (`tests/train/test_plan.py`, within 1 %): two
@@ -86,6 +99,8 @@ class ModelShape:
     unit_params: int  # largest FSDP unit (decoder layer / vision block)
     group_unit_params: dict[Group, int]  # largest unit of each group (0: the group has none)
     unit_lora_params: int = 0  # adapter parameters of the unit with the most
+    group_largest_tensor: dict[Group, int] = field(default_factory=dict)  # elements of each group's largest tensor
+    lora_largest_tensor: int = 0  # elements of the largest adapter matrix
     root_params: int  # parameters outside every unit
     num_layers: int
     text: LayerShape
@@ -111,6 +126,7 @@ class PlanInputs:
     tokens_per_microbatch: int = 8192
     activation_checkpointing: bool = True
     cpu_offload: bool = False
+    foreach_optimizer: bool = True  # AdamW's default on CUDA; False on CPU (its per-tensor loop)
     gpu_memory_bytes: int | None = None
     vision_patches: int = 0  # image patches per micro-batch through the vision tower (0: not counted)
 
@@ -136,12 +152,25 @@ class MemoryPlan:
     optimizer: int
     activations: int
     vision_per_1k_patches: int
+    optimizer_step: int = 0  # AdamW's temporaries during optimizer.step() (on the GPU; offload: in host)
+    transient_gradients: int = 0  # the unit being reduced, in ``gradients``; gone by the optimizer step
     host: int = 0
     rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
+        """The larger of the step's two peaks (module docstring)."""
+        return max(self.training_peak, self.step_peak)
+
+    @property
+    def training_peak(self) -> int:
+        """Forward + backward: every resident byte plus activations and gathered copies."""
         return self.parameters + self.compute + self.gradients + self.optimizer + self.activations
+
+    @property
+    def step_peak(self) -> int:
+        """The optimizer step: state plus AdamW's temporaries (activations and gathered units freed)."""
+        return self.parameters + self.gradients - self.transient_gradients + self.optimizer + self.optimizer_step
 
     @property
     def fits(self) -> bool | None:
@@ -200,10 +229,16 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         kept = shape.vision.hidden * c * shape.vision_blocks + per_patch
         vision_1k = 1000 * (kept if inputs.activation_checkpointing else shape.vision_blocks * per_patch)
         activations += vision_1k * inputs.vision_patches // 1000
+    if inputs.lora_rank:
+        largest = shape.lora_largest_tensor
+    else:
+        largest = max((n for g, n in shape.group_largest_tensor.items() if g not in inputs.freeze), default=0)
+    foreach = inputs.foreach_optimizer and not inputs.cpu_offload  # offload: the step runs on the host
+    step = 4 * trainable // s if foreach else 3 * 4 * -(-largest // s)
     host = 0
     if inputs.cpu_offload:
-        host = parameters + gradients + optimizer
-        parameters = gradients = optimizer = 0
+        host = parameters + gradients + optimizer + step
+        parameters = gradients = optimizer = step = 0
     return MemoryPlan(
         shape=shape,
         inputs=inputs,
@@ -214,6 +249,8 @@ def plan_memory(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         optimizer=optimizer,
         activations=activations,
         vision_per_1k_patches=vision_1k,
+        optimizer_step=step,
+        transient_gradients=transient_grads,
         host=host,
     )
 
@@ -242,10 +279,12 @@ def render(plan: MemoryPlan) -> str:
         f"  gradients    {_gib(plan.gradients)}",
         f"  optimizer    {_gib(plan.optimizer)}   (AdamW m + v, fp32)",
         f"  activations  {_gib(plan.activations)}",
-        f"  total        {_gib(plan.total)}",
+        f"  step         {_gib(plan.optimizer_step)}   (AdamW's temporaries in optimizer.step())",
+        f"  total        {_gib(plan.total)}   (the larger peak: forward + backward {plan.training_peak / GiB:.2f}, "
+        f"optimizer step {plan.step_peak / GiB:.2f})",
     ]
     if plan.host:
-        lines.append(f"  host (offloaded parameters, gradients, optimizer) {_gib(plan.host)} per rank")
+        lines.append(f"  host (offloaded parameters, gradients, optimizer, step) {_gib(plan.host)} per rank")
     if plan.vision_per_1k_patches:
         extra = f"{plan.vision_per_1k_patches / GiB:.3f} GiB per 1,000 image patches in a micro-batch"
         lines.append(f"  vision tower activations: +{extra} ({'counted' if inputs.vision_patches else 'not counted'})")
@@ -310,7 +349,12 @@ def model_shape(config: Any, *, lora_rank: int = 0, lora_targets: tuple[str, ...
         else:
             root += param.numel()
     group_units = {g: max((n for u, n in units.items() if unit_groups[u] == g), default=0) for g in GROUPS}
+    largest: dict[Group, int] = dict.fromkeys(GROUPS, 0)
+    for name, param in model.named_parameters():
+        group = parameter_group(name, multimodal=is_multimodal(model))
+        largest[group] = max(largest[group], param.numel())
     lora = 0
+    lora_largest = 0
     unit_lora: Counter[str] = Counter()
     if lora_rank:
         modules = dict(model.named_modules())
@@ -318,6 +362,7 @@ def model_shape(config: Any, *, lora_rank: int = 0, lora_targets: tuple[str, ...
             layer = modules[target]
             adapters = lora_rank * (layer.in_features + layer.out_features)
             lora += adapters
+            lora_largest = max(lora_largest, lora_rank * max(layer.in_features, layer.out_features))
             match = _UNIT.match(f"{target}.")
             unit_lora[match.group(1) if match else target] += adapters
     text = config.get_text_config()
@@ -334,6 +379,8 @@ def model_shape(config: Any, *, lora_rank: int = 0, lora_targets: tuple[str, ...
         unit_params=max(units.values(), default=0),
         group_unit_params=group_units,
         unit_lora_params=max(unit_lora.values(), default=0),
+        group_largest_tensor=largest,
+        lora_largest_tensor=lora_largest,
         root_params=root,
         num_layers=int(text.num_hidden_layers),
         text=_text_layer(text),

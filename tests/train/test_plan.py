@@ -105,6 +105,9 @@ def test_sharding_arithmetic_for_qwen2_5_vl_7b() -> None:
     assert (full.parameters, full.optimizer) == (4 * p // 8, 8 * p // 8) and full.fits
     assert full.gradients == 4 * p // 8 + (2 + 4) * shape.unit_params  # + the unit being reduced
     assert full.compute == 2 * (shape.root_params + 2 * shape.unit_params)
+    assert full.optimizer_step == 4 * p // 8  # foreach AdamW: one fp32 temporary per parameter shard
+    assert full.step_peak == 4 * p // 8 * 2 + 8 * p // 8 + 4 * p // 8  # the reduced unit's gradient is gone
+    assert full.total == max(full.training_peak, full.step_peak)
     hybrid = plan_memory(shape, PlanInputs(world_size=16, gpus_per_node=8, sharding="hybrid"))
     assert hybrid.total == full.total  # one node's shard group, replicated across nodes
     with_adapters = model_shape(AutoConfig.from_pretrained(CONFIGS / "qwen2_5_vl_7b"), lora_rank=16)
@@ -115,7 +118,9 @@ def test_sharding_arithmetic_for_qwen2_5_vl_7b() -> None:
     assert with_adapters.unit_lora_params == layer and lora.gradients == 4 * adapters // 8 + 6 * layer
     assert 0 < adapters < 0.01 * p
     offload = plan_memory(shape, PlanInputs(world_size=8, cpu_offload=True))
-    assert offload.parameters == offload.optimizer == 0 and offload.host == 16 * p // 8
+    assert offload.parameters == offload.optimizer == offload.optimizer_step == 0  # the step runs on the host
+    largest = max(shape.group_largest_tensor.values())  # the embedding, 152,064 x 3,584
+    assert largest == 152064 * 3584 and offload.host == 16 * p // 8 + 3 * 4 * -(-largest // 8)
     no_ckpt = plan_memory(shape, PlanInputs(world_size=8, activation_checkpointing=False))
     per_token = activation_bytes_per_token(shape.text, "bf16")
     assert no_ckpt.activations - full.activations == 8192 * (shape.num_layers * per_token - per_token) - (
@@ -168,3 +173,51 @@ def test_vision_bytes_per_patch_match_autograds_saved_tensors(family: str, tmp_p
     shape = model_shape(AutoConfig.from_pretrained(directory))
     estimate = activation_bytes_per_token(shape.vision, "fp32")
     assert abs(estimate - per_patch) <= 0.01 * per_patch, (estimate, per_patch)
+
+
+def _peak_bytes_during(fn) -> int:
+    """Most CPU tensor bytes alive at once during ``fn()`` beyond those alive before it (profiler events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_step_temporaries_equal_a_real_adamw_step(foreach: bool, tmp_path: Path) -> None:
+    """The plan's ``step`` is what torch's AdamW allocates inside ``optimizer.step()``.
+
+    foreach (CUDA's default): one fp32 ``sqrt(exp_avg_sq)`` per trainable tensor, all at once:
+    exactly 4 Pt bytes (+ a few scalar tensors). Per-tensor loop (CPU's default): the tensor being
+    updated's two temporaries and the previous one's ``denom``: at least 2 and at most 3 times
+    the largest tensor, which the plan counts.
+    """
+    model_dir = make_family("qwen2_vl", tmp_path).model_dir
+    model = load_model(model_dir, seed=0, attn_implementation="sdpa")
+    freeze(model, ["vision"])
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for param in trainable:
+        param.grad = torch.ones_like(param)
+    optimizer = torch.optim.AdamW(trainable, foreach=foreach)
+    optimizer.step()  # the state exists from here on, as in every step after the first
+    measured = _peak_bytes_during(optimizer.step)
+    inputs = PlanInputs(sharding="none", precision="fp32", freeze=("vision",), foreach_optimizer=foreach)
+    plan = plan_memory(model_shape(AutoConfig.from_pretrained(model_dir)), inputs)
+    largest = max(p.numel() * p.element_size() for p in trainable)
+    if foreach:
+        assert 0 <= measured - plan.optimizer_step <= 4096, (measured, plan.optimizer_step)  # scalar step tensors
+    else:
+        assert plan.optimizer_step == 3 * largest and 2 * largest <= measured <= plan.optimizer_step, (
+            measured,
+            largest,
+        )
+    assert plan.step_peak == plan.parameters + plan.gradients + plan.optimizer + plan.optimizer_step
+    assert plan.total == max(plan.training_peak, plan.step_peak)

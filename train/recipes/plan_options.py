@@ -90,6 +90,7 @@ def plan_inputs(config: Any, request: PlanRequest, pack_size: int) -> PlanInputs
         tokens_per_microbatch=pack_size * config.packs_per_microbatch,
         activation_checkpointing=True if checkpointing is None else bool(checkpointing),
         cpu_offload=bool(getattr(config, "cpu_offload", False)),
+        foreach_optimizer=config.device != "cpu",  # torch's AdamW: foreach on CUDA, a per-tensor loop on CPU
         gpu_memory_bytes=parse_memory(request.gpu_memory) if request.gpu_memory else None,
     )
 
