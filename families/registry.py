@@ -123,6 +123,13 @@ FAMILIES: tuple[Family, ...] = (
         layout="LlavaLayout",
         examples=("llava_onevision", "llava_next"),
     ),
+    Family(
+        name="minicpmv4_6",
+        processor_classes=("MiniCPMV4_6Processor",),
+        counter="MiniCPMV4_6Counter",
+        layout="MiniCPMV4_6Layout",
+        examples=("minicpmv4_6",),
+    ),
 )
 
 
