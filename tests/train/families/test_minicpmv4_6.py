@@ -29,7 +29,6 @@ from tests.train.families.test_qwen3_5 import long_memory, modeling_modules, unm
 from tests.train.models import Conversation, Sample, Truth, reference
 from tests.train.packed_truth import (
     LARGE,
-    TOLERANCE,
     Setup,
     assert_equals_alone,
     assert_plan_mismatch,
