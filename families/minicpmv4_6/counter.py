@@ -18,8 +18,10 @@ Image (transformers 5.24, ``models/minicpmv4_6/image_processing_pil_minicpmv4_6.
 ``</image>``, then per grid row ``cols`` x (``<slice>`` + ns x ``<|image_pad|>`` + ``</slice>``),
 rows joined by ``\\n``; with ``use_image_id`` (default) ``_prepend_local_ids`` puts
 ``<image_id>k</image_id>`` first, k the image's place among the sample's images (0, 1, ...).
-The digits and newlines are text: the expansion is spliced as text (``expansion_text``) and the
-counter numbers it per sample (:meth:`MiniCPMV4_6Counter.numbered`).
+Every piece of text in the expansion (the digits of k, the row ``\n``) sits between two special
+tokens, so BPE cannot merge it with anything: the expansion is spliced as ids, each text piece
+tokenized alone (``tests/tokenize/families/test_minicpmv4_6.py`` checks ids against the
+processor, up to two-digit k), and the counter numbers it per sample (:meth:`MiniCPMV4_6Counter.numbered`).
 Example: 1000x300 -> grid (1, 3) (multiple 2: 1x2 / 1x3 / 2x1 / 1x1 -> log 3 closest to
 log 3.33); source 224x840 px -> 16*60/16 = 60 tokens; 3 slices of 448x448 px -> 64 tokens each.
 
@@ -102,10 +104,20 @@ class MiniCPMV4_6Counter:
     counts_video: ClassVar[bool] = False  # video samples take the real processor (module docstring)
 
     settings: MiniCPMV4_6Settings  # shared with the layout
+    tokenizer: Any  # the digits of <image_id>k</image_id> are text, tokenized alone
+    markup_ids: dict[str, int]  # image_start_token ... image_id_end_token -> id
+    newline_ids: tuple[int, ...]  # "\n" between slice rows, tokenized alone
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> MiniCPMV4_6Counter:
-        return cls(settings=MiniCPMV4_6Settings.from_processor(bundle))
+        settings = MiniCPMV4_6Settings.from_processor(bundle)
+        tokenizer: Any = bundle.tokenizer
+        return cls(
+            settings=settings,
+            tokenizer=tokenizer,
+            markup_ids={name: bundle.token_id(token, name) for name, token in settings.markup.items()},
+            newline_ids=tuple(tokenizer.encode("\n", add_special_tokens=False)),
+        )
 
     @property
     def image_token_id(self) -> int:
@@ -150,34 +162,36 @@ class MiniCPMV4_6Counter:
         if width <= 0 or height <= 0:
             raise MediaRejected(f"image of size {width}x{height}")
         plan = self.plan(width, height)
-        m, token = self.settings.markup, self.settings.image_token
-        text = m["image_start_token"] + token * plan.source_tokens + m["image_end_token"]
-        if plan.grid is not None:
-            rows, cols = plan.grid
-            one = m["slice_start_token"] + token * plan.slice_tokens + m["slice_end_token"]
-            text += "\n".join([one * cols] * rows)
+        m, pad = self.markup_ids, self.settings.image_token_id
+        ids = [*self._image_id(0), m["image_start_token"], *([pad] * plan.source_tokens), m["image_end_token"]]
         rows, cols = plan.grid or (0, 0)
+        one = (m["slice_start_token"], *([pad] * plan.slice_tokens), m["slice_end_token"])
+        for row in range(rows):
+            if row:
+                ids += self.newline_ids
+            ids += one * cols
         return MediaCount(
             kind="image",
             grid_t=1,
             grid_h=rows,
             grid_w=cols,
             num_tokens=plan.num_tokens,
-            expansion=(),
-            expansion_text=self._image_id(0) + text,
+            expansion=tuple(ids),
             num_tiles=1 + plan.num_slices,
         )
 
     def numbered(self, count: MediaCount, index: int) -> MediaCount:
         """``count`` as the sample's ``index``-th item of its kind (from 0): its ``<image_id>`` tag."""
         first = self._image_id(0)
-        if not first or count.expansion_text is None or not count.expansion_text.startswith(first):
+        if not first or index == 0 or count.expansion[: len(first)] != first:
             return count
-        return replace(count, expansion_text=self._image_id(index) + count.expansion_text[len(first) :])
+        return replace(count, expansion=self._image_id(index) + count.expansion[len(first) :])
 
-    def _image_id(self, index: int) -> str:
-        m = self.settings.markup
-        return f"{m['image_id_start_token']}{index}{m['image_id_end_token']}" if self.settings.use_image_id else ""
+    def _image_id(self, index: int) -> tuple[int, ...]:
+        if not self.settings.use_image_id:
+            return ()
+        digits = self.tokenizer.encode(str(index), add_special_tokens=False)
+        return (self.markup_ids["image_id_start_token"], *digits, self.markup_ids["image_id_end_token"])
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
         raise MediaRejected("MiniCPM-V 4.6 video has no closed-form count; it needs the real processor (torchvision)")
