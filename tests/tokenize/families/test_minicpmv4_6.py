@@ -74,10 +74,15 @@ SINGLE = [
 ]
 
 
-def test_processor_is_the_real_class_without_video(bundle):
+def test_processor_is_the_real_class(bundle):
     assert bundle.processor_class == "MiniCPMV4_6Processor"
+    if bundle.loaded_via == "AutoProcessor":  # torchvision present: the whole processor
+        assert type(bundle.processor).__name__ == "MiniCPMV4_6Processor"
+        return
+    # without torchvision: the real class, its video settings read from the file for __init__ only
     assert type(bundle.processor).__mro__[1].__name__ == "MiniCPMV4_6Processor"
     assert bundle.processor.video_processor is None  # a video sample still reports torchvision missing
+    assert bundle.processor.video_slice_mode is True
 
 
 @pytest.mark.parametrize("name", SINGLE)
