@@ -30,7 +30,8 @@ TEXT, IMAGE, VIDEO = 0, 1, 2  # transformers' mm_token_type_ids values (keys of 
 #: "cat"      torch.cat along dim 0 (same trailing shape)
 #: "pad_cat"  zero-pad every trailing dim to the largest, then cat along dim 0
 #: "cat_dim1" torch.cat along dim 1 (a leading batch dim of 1, e.g. Idefics3 [1, tiles, C, H, W])
-Join = Literal["cat", "pad_cat", "cat_dim1"]
+#: "cat_last" torch.cat along the last dim (NaViT-packed patches, e.g. MiniCPM-V [1, C, P, patches * P])
+Join = Literal["cat", "pad_cat", "cat_dim1", "cat_last"]
 #: image-processor keywords that switch off the per-value step (kept: resize, crops, tiles, padding):
 #: a layout's default ``pixel_kwargs``, so its pixels leave the processor 8-bit (`train.pixels`)
 RAW_PIXELS: Mapping[str, bool] = MappingProxyType({"do_rescale": False, "do_normalize": False})

@@ -214,7 +214,7 @@ def _load_pieces(path: str) -> ProcessorBundle:
         chat_template=template,
         processor=None
         if settings_only
-        else _image_only_processor(processor_class, image_processor, tokenizer, template, settings),
+        else _image_only_processor(processor_class, image_processor, tokenizer, template, settings, video_config),
         loaded_via="pieces",
         processor_config=settings,
         image_config=image_config if settings_only else None,
@@ -321,9 +321,20 @@ def _processor_class(cls_name: str) -> Any:
 
 
 def _image_only_processor(
-    cls_name: str, image_processor: Any, tokenizer: Any, template: str, settings: dict[str, Any]
+    cls_name: str,
+    image_processor: Any,
+    tokenizer: Any,
+    template: str,
+    settings: dict[str, Any],
+    video_config: dict[str, Any] | None = None,
 ) -> Any:
-    """The real processor class without its video processor: exact for image/text samples."""
+    """The real processor class without its video processor: exact for image/text samples.
+
+    Some ``__init__`` read settings off the video processor (MiniCPM-V 4.6: ``slice_mode``,
+    ``downsample_mode``): those get a stand-in holding ``video_config`` (the video processor's
+    JSON) for the call, and ``video_processor`` is None again afterwards, so a video sample
+    still reports the missing video processor.
+    """
     cls = _processor_class(cls_name)
     if cls is None:
         return None
@@ -333,19 +344,43 @@ def _image_only_processor(
         audio feature extractor (Qwen-Omni: audio is never passed, it is an unsupported_media row)."""
 
         def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-            if argument is None and argument_name in ("video_processor", "feature_extractor"):
+            if argument_name in ("video_processor", "feature_extractor") and (
+                argument is None or isinstance(argument, _VideoSettingsOnly)
+            ):
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
     # the video slot exists from transformers 5.13 on for some classes (Idefics3): fill it only where it does
-    video_slot = {"video_processor": None} if "video_processor" in inspect.signature(cls.__init__).parameters else {}
+    has_video_slot = "video_processor" in inspect.signature(cls.__init__).parameters
+    video_slot: dict[str, Any] = {"video_processor": None} if has_video_slot else {}
     try:
-        return ImageOnly(
-            image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **video_slot, **settings
-        )
-    except (TypeError, ValueError, ImportError) as exc:
+        try:
+            return ImageOnly(
+                image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **video_slot, **settings
+            )
+        except AttributeError:
+            if not has_video_slot or not video_config:
+                raise
+            stand_in = _VideoSettingsOnly(video_config)
+            processor = ImageOnly(
+                image_processor=image_processor,
+                tokenizer=tokenizer,
+                chat_template=template,
+                video_processor=stand_in,
+                **settings,
+            )
+            processor.video_processor = None
+            return processor
+    except (TypeError, ValueError, ImportError, AttributeError) as exc:
         log.warning("cannot build %s without a video processor (%s); verification is off", cls_name, exc)
         return None
+
+
+class _VideoSettingsOnly:
+    """The video processor's JSON settings as attributes, for a processor ``__init__`` that reads them."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.__dict__.update(config)
 
 
 def _read_json(path: str, filename: str) -> dict[str, Any]:

@@ -149,6 +149,13 @@ FAMILIES: tuple[Family, ...] = (
         examples=("kimi_k25",),
         needs_torchvision=True,
     ),
+    Family(
+        name="minicpmv4_6",
+        processor_classes=("MiniCPMV4_6Processor",),
+        counter="MiniCPMV4_6Counter",
+        layout="MiniCPMV4_6Layout",
+        examples=("minicpmv4_6",),
+    ),
 )
 
 

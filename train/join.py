@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 
 from families.layout import Join
-from train.pixels import PackedPixels
+from train.pixels import PackedPixels, frame_extents
 
 #: a vision keyword's value: a tensor, or 8-bit pixels the step normalises (`train.pixels`)
 VisionValue = torch.Tensor | PackedPixels
@@ -24,6 +24,8 @@ def join(rule: Join, parts: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.cat(list(parts))
     if rule == "cat_dim1":
         return torch.cat(list(parts), dim=1)
+    if rule == "cat_last":
+        return torch.cat(list(parts), dim=-1)
     if rule == "pad_cat":
         shape = [max(int(p.shape[d]) for p in parts) for d in range(1, parts[0].dim())]
         padded = []
@@ -42,8 +44,11 @@ def join_pixels(rule: Join, parts: Sequence[PackedPixels]) -> PackedPixels:
     if any(p.table is not table and not torch.equal(p.table, table) for p in parts[1:]):
         raise ValueError("cannot join pixels normalised by different processors")
     extents = [p.extents for p in parts]
+    values = join(rule, [p.values for p in parts])
+    if rule == "cat_last":  # one frame grows along its width; nothing is padded
+        return PackedPixels(values=values, table=table, extents=frame_extents(values))
     return PackedPixels(
-        values=join(rule, [p.values for p in parts]),
+        values=values,
         table=table,
         extents=None if any(e is None for e in extents) else join(rule, [e for e in extents if e is not None]),
     )

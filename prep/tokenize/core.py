@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 import numpy.typing as npt
 
-from families.counter import MediaCount, MediaCounter, MediaRejected
+from families.counter import MediaCount, MediaCounter, MediaRejected, number_items
 from families.processor import ProcessorBundle
 from families.registry import find_counter
 from packvlm.sample_error import SampleError
@@ -116,7 +116,9 @@ class SampleTokenizer:
     def _tokenize_closed_form(
         self, counter: MediaCounter, conv: Conversation, sampling: VideoSampling
     ) -> TokenizedSample:
-        counts = [(item.ref.format(), self._count(counter, item.kind, item.ref, sampling)) for item in conv.media]
+        refs = [item.ref.format() for item in conv.media]
+        found = [self._count(counter, item.kind, item.ref, sampling) for item in conv.media]
+        counts = list(zip(refs, number_items(counter, found), strict=True))
         rendered = render_with_spans(self.bundle.tokenizer, self.bundle.chat_template, conv.messages, conv.tools)
         placeholders: dict[MediaKind, int] = {"image": counter.image_token_id, "video": counter.video_token_id}
         text_kinds = _text_level_kinds(counts)

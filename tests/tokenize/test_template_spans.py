@@ -56,6 +56,7 @@ MARKERS = {
     "qwen2_5_vl": CHATML,
     "qwen3_vl": CHATML,
     "qwen3_5": CHATML,
+    "minicpmv4_6": CHATML,
     "qwen2_5_omni": CHATML,
     "qwen3_omni_moe": CHATML,
     "internvl": CHATML,

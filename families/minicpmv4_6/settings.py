@@ -1,0 +1,81 @@
+"""What both MiniCPM-V 4.6 faces read from the processor, derived once: slicing, patch size, token ids.
+
+``MiniCPMV4_6ImageProcessorPil`` reads ``scale_resolution``, ``max_slice_nums``, ``patch_size``,
+``slice_mode`` and ``downsample_mode`` from its config (``MiniCPMV4_6Processor.images_kwargs``
+sets none of them); ``use_image_id`` is the processor's own when set, else the image
+processor's (``MiniCPMV4_6Processor.__call__``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from families.processor import ProcessorBundle, ProcessorLoadError
+from families.settings import effective_image_settings
+
+IMAGE_KEYS = ("scale_resolution", "max_slice_nums", "patch_size", "slice_mode", "downsample_mode", "use_image_id")
+MARKUP = (
+    "image_start_token",
+    "image_end_token",
+    "slice_start_token",
+    "slice_end_token",
+    "image_id_start_token",
+    "image_id_end_token",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MiniCPMV4_6Settings:
+    """The processor's settings both faces use (`MiniCPMV4_6Counter`, `MiniCPMV4_6Layout`)."""
+
+    image_token: str  # tokenizer.image_token: the template's placeholder, one per vision token
+    image_token_id: int
+    video_token_id: int
+    markup: dict[str, str]  # image_start_token ... image_id_end_token, as the tokenizer names them
+    scale_resolution: int  # side of a slice (and of the source image) in pixels, before rounding
+    max_slice_nums: int
+    patch_size: int
+    slice_mode: bool
+    downsample_mode: str  # "16x": ViT window merger + MLP merger (16 patches a token); "4x": MLP only
+    use_image_id: bool  # prepend <image_id>k</image_id>, k the image's place in its sample
+
+    @property
+    def merge_factor(self) -> int:
+        """Patches per side merged into one token: 4 in "16x" mode, 2 in "4x" (``find_best_resize``)."""
+        return 2 if self.downsample_mode == "4x" else 4
+
+    @property
+    def patches_per_token(self) -> int:
+        """``MiniCPMV4_6Processor.image_token_divisor``."""
+        return 4 if self.downsample_mode == "4x" else 16
+
+    @classmethod
+    def from_processor(cls, bundle: ProcessorBundle) -> MiniCPMV4_6Settings:
+        ip = bundle.image_processor
+        if not type(ip).__name__.startswith("MiniCPMV4_6ImageProcessor"):
+            raise ProcessorLoadError(
+                f"{bundle.source}: MiniCPMV4_6Processor with {type(ip).__name__}; the closed form knows only "
+                "MiniCPMV4_6ImageProcessor slicing"
+            )
+        values = effective_image_settings(bundle, IMAGE_KEYS)
+        use_image_id = bundle.processor_config.get("use_image_id")
+        tokenizer: Any = bundle.tokenizer
+        markup = {name: getattr(tokenizer, name, None) for name in MARKUP}
+        missing = [name for name, token in markup.items() if not token]
+        if missing or not getattr(tokenizer, "image_token", None):
+            raise ProcessorLoadError(f"{bundle.source}: tokenizer names no {', '.join(missing or ['image_token'])}")
+        if values["downsample_mode"] not in ("4x", "16x"):
+            raise ProcessorLoadError(f"{bundle.source}: downsample_mode {values['downsample_mode']!r} is not 4x or 16x")
+        return cls(
+            image_token=str(tokenizer.image_token),
+            image_token_id=bundle.token_id(str(tokenizer.image_token), "image_token"),
+            video_token_id=bundle.token_id(str(tokenizer.video_token), "video_token"),
+            markup={name: str(token) for name, token in markup.items()},
+            scale_resolution=int(values["scale_resolution"]),
+            max_slice_nums=int(values["max_slice_nums"]),
+            patch_size=int(values["patch_size"]),
+            slice_mode=bool(values["slice_mode"]),
+            downsample_mode=str(values["downsample_mode"]),
+            use_image_id=bool(values["use_image_id"] if use_image_id is None else use_image_id),
+        )
