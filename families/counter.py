@@ -16,6 +16,8 @@ from families.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
 from schemas.media import MediaKind, VideoMeta
 
+NO_VIDEO_TOKEN = -1  # the video_token_id of a family that takes no video: no token id is negative, no splice
+
 
 class MediaRejected(ValueError):
     """The processor would refuse this item (e.g. aspect ratio > 200); becomes an error row."""

@@ -32,15 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from families.counter import MediaCount
+from families.counter import NO_VIDEO_TOKEN, MediaCount
 from families.gemma3.settings import Gemma3Settings
 from families.processor import ProcessorBundle, ProcessorLoadError
 from packvlm.sample_error import SampleError
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 from schemas.reasons import Reason
-
-NO_VIDEO_TOKEN = -1  # no token id is negative: the splice finds no video placeholder
 
 
 def _tokenizer_token(bundle: ProcessorBundle, attribute: str) -> str:
