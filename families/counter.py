@@ -68,6 +68,31 @@ class MediaCounter(Protocol):
         ...
 
 
+class TokenIds(Protocol):
+    """Settings that hold both placeholder ids."""
+
+    @property
+    def image_token_id(self) -> int: ...
+
+    @property
+    def video_token_id(self) -> int: ...
+
+
+class IdsFromSettings:
+    """A counter's ``image_token_id`` / ``video_token_id``: those of the settings it shares with its layout."""
+
+    __slots__ = ()
+    settings: TokenIds
+
+    @property
+    def image_token_id(self) -> int:
+        return self.settings.image_token_id
+
+    @property
+    def video_token_id(self) -> int:
+        return self.settings.video_token_id
+
+
 CounterFactory = Callable[[ProcessorBundle], MediaCounter]
 
 

@@ -49,7 +49,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from families.counter import MediaCount, MediaRejected
+from families.counter import IdsFromSettings, MediaCount, MediaRejected
 from families.llava.settings import LlavaSettings
 from families.processor import ProcessorBundle
 from packvlm.sample_error import SampleError
@@ -72,20 +72,12 @@ def best_resolution(height: int, width: int, pinpoints: tuple[tuple[int, int], .
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class LlavaCounter:
+class LlavaCounter(IdsFromSettings):
     settings: LlavaSettings  # shared with the layout
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> LlavaCounter:
         return cls(settings=LlavaSettings.from_processor(bundle))
-
-    @property
-    def image_token_id(self) -> int:
-        return self.settings.image_token_id
-
-    @property
-    def video_token_id(self) -> int:
-        return self.settings.video_token_id
 
     def tile_grid(self, width: int, height: int) -> tuple[int, int]:
         """(rows, cols) of P-tiles the best pinpoint is cut into (the whole-image tile not counted)."""

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-from families.counter import MediaCount, MediaRejected
+from families.counter import IdsFromSettings, MediaCount, MediaRejected
 from families.processor import ProcessorBundle
 from families.qwen2_vl.settings import Qwen2VLSettings
 from families.settings import GridSettings
@@ -35,21 +35,13 @@ def resize_grid(height: int, width: int, factor: int, min_pixels: int, max_pixel
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class GridCounter:
+class GridCounter(IdsFromSettings):
     """What the patch-grid counters share: their settings (shared with the layout) and the image count.
 
     ``resized`` is the Qwen-VL rule; a family whose image processor resizes otherwise (GLM) overrides it.
     """
 
     settings: GridSettings
-
-    @property
-    def image_token_id(self) -> int:
-        return self.settings.image_token_id
-
-    @property
-    def video_token_id(self) -> int:
-        return self.settings.video_token_id
 
     def resized(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) the image processor resizes to: ``smart_resize`` with factor patch x merge."""
