@@ -8,7 +8,7 @@ from `GridSettings`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypedDict
 
 import transformers
 
@@ -92,6 +92,16 @@ class VideoSettings:
         )
 
 
+class GridTokensAndVideo(TypedDict):
+    """The `GridSettings` fields every grid family reads alike (`GridSettings.tokens_and_video`)."""
+
+    image_token_id: int
+    video_token_id: int
+    video: VideoSettings | None
+    temporal_patch_size: int
+    second_per_grid_ts: bool
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GridSettings:
     """What both faces of a patch-grid family read from the processor, derived once.
@@ -123,7 +133,7 @@ class GridSettings:
         image_processor = bundle.image_processor
         min_pixels, max_pixels = image_pixel_limits(image_processor)
         return cls(
-            **cls.video_and_tokens(bundle),
+            **cls.tokens_and_video(bundle),
             patch_size=int(image_processor.patch_size),
             merge_size=int(image_processor.merge_size),
             min_pixels=min_pixels,
@@ -131,7 +141,7 @@ class GridSettings:
         )
 
     @classmethod
-    def video_and_tokens(cls, bundle: ProcessorBundle) -> dict[str, Any]:
+    def tokens_and_video(cls, bundle: ProcessorBundle) -> GridTokensAndVideo:
         """The fields every grid family reads alike: placeholder ids and the video processor's settings."""
         processor = bundle.processor
         video = None
@@ -142,10 +152,10 @@ class GridSettings:
             loaded = getattr(processor, "video_processor", None) if processor is not None else None
             temporal = getattr(loaded, "temporal_patch_size", None) or bundle.video_config.get("temporal_patch_size", 2)
         names = getattr(processor, "model_input_names", None) or []
-        return {
-            "image_token_id": bundle.token_id(cls.tokens[0], "image_token"),
-            "video_token_id": bundle.token_id(cls.tokens[1], "video_token"),
-            "video": video,
-            "temporal_patch_size": int(temporal),
-            "second_per_grid_ts": "second_per_grid_ts" in names,
-        }
+        return GridTokensAndVideo(
+            image_token_id=bundle.token_id(cls.tokens[0], "image_token"),
+            video_token_id=bundle.token_id(cls.tokens[1], "video_token"),
+            video=video,
+            temporal_patch_size=int(temporal),
+            second_per_grid_ts="second_per_grid_ts" in names,
+        )

@@ -27,7 +27,7 @@ class Glm4vSettings(GridSettings):
         kwargs = effective_image_settings(bundle, ("size", "patch_size", "temporal_patch_size", "merge_size"))
         min_pixels, max_pixels = _pixel_limits(kwargs["size"])
         return cls(
-            **cls.video_and_tokens(bundle),
+            **cls.tokens_and_video(bundle),
             patch_size=int(kwargs["patch_size"]),
             merge_size=int(kwargs["merge_size"]),
             min_pixels=min_pixels,
