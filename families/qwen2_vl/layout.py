@@ -7,6 +7,8 @@ the pack (the vision tower splits images by its own cu_seqlens). Videos likewise
 ``pixel_values_videos`` / ``video_grid_thw``, plus ``second_per_grid_ts`` where the model's
 rope index reads it (Qwen2.5-VL). An item expands to ``prod(grid) / merge_size**2``
 placeholder tokens. Positions: the model's own ``get_rope_index`` per sample (mRoPE).
+Placeholder ids, merge size and temporal patch are the family's settings
+(`families.settings.GridSettings`, ``settings_class``), the object its counter holds.
 """
 
 from __future__ import annotations
