@@ -36,6 +36,8 @@ import numpy as np
 from machine import cpu_model
 from PIL import Image
 
+from schemas.media_ref import MediaRef
+
 SIZES = [(640, 480), (1024, 768), (1280, 720), (1920, 1080), (800, 1200), (2048, 1536)]
 LMDB_NAME = "images.lmdb"
 WORDS = "the a picture shows colourful gradient sky tree river car street light shadow detail".split()
@@ -99,7 +101,7 @@ def write_rows(root: Path, num_rows: int, seed: int) -> Path:
                 w, h = SIZES[int(sizes[image])]
                 key = f"{image:09d}.jpg"
                 txn.put(key.encode(), template[:at] + h.to_bytes(2, "big") + w.to_bytes(2, "big") + template[at + 4 :])
-                refs.append(f"{LMDB_NAME}::{key}")
+                refs.append(MediaRef(path=LMDB_NAME, key=key).format())
                 image += 1
             words = " ".join(WORDS[int(i)] for i in rng.integers(0, len(WORDS), int(rng.integers(5, 120))))
             turns = [

@@ -89,7 +89,7 @@ def make_media(root: Path, total_bytes: int, rng: np.random.Generator) -> list[s
             refs.append(str(media / name))
         else:
             txn.put(name.encode(), blob)
-            refs.append(f"{db}::{name}")
+            refs.append(MediaRef(path=str(db), key=name).format())
         done += size
     txn.commit()
     env.close()

@@ -16,6 +16,8 @@ from families.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
 from schemas.media import MediaKind, VideoMeta
 
+NO_VIDEO_TOKEN = -1  # the video_token_id of a family that takes no video: no token id is negative, no splice
+
 
 class MediaRejected(ValueError):
     """The processor would refuse this item (e.g. aspect ratio > 200); becomes an error row."""
@@ -64,6 +66,31 @@ class MediaCounter(Protocol):
     def processor_video_kwargs(self, sampling: VideoSampling) -> dict[str, Any]:
         """Keyword arguments that make the real processor sample frames as we counted."""
         ...
+
+
+class TokenIds(Protocol):
+    """Settings that hold both placeholder ids."""
+
+    @property
+    def image_token_id(self) -> int: ...
+
+    @property
+    def video_token_id(self) -> int: ...
+
+
+class IdsFromSettings:
+    """A counter's ``image_token_id`` / ``video_token_id``: those of the settings it shares with its layout."""
+
+    __slots__ = ()
+    settings: TokenIds
+
+    @property
+    def image_token_id(self) -> int:
+        return self.settings.image_token_id
+
+    @property
+    def video_token_id(self) -> int:
+        return self.settings.video_token_id
 
 
 CounterFactory = Callable[[ProcessorBundle], MediaCounter]

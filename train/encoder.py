@@ -35,7 +35,7 @@ from schemas.packed import LoadedPack
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
 from train.identity import ModelConfigSource, load_model_config, load_processor_once
 from train.image_blocks import empty_spans, image_block_spans
-from train.media import MediaProcessor, PackEncodeError, PixelWire
+from train.media import DEFAULT_PIXEL_WIRE, MediaProcessor, PackEncodeError, PixelWire
 from train.rope import RopeIndex
 from train.worker_heap import bound_worker_heap
 
@@ -68,7 +68,7 @@ class PackEncoder:
 
     @classmethod
     def from_pretrained(
-        cls, processor: str, model_config: ModelConfigSource, pixels: PixelWire = "uint8"
+        cls, processor: str, model_config: ModelConfigSource, pixels: PixelWire = DEFAULT_PIXEL_WIRE
     ) -> PackEncoder:
         """Load the processor (as `prep tokenize` does, once per process) and the model config.
 
@@ -130,7 +130,7 @@ class PackedBatchTaskEncoder(PackedTaskEncoder[PackedBatch, PackedBatch, PackedB
     #: a failing pack is a broken plan, not noise: stop at the first (Energon's default skips 99)
     __default_failure_tolerance__ = 1
 
-    def __init__(self, processor: str, model_config: ModelConfigSource, pixels: PixelWire = "uint8") -> None:
+    def __init__(self, processor: str, model_config: ModelConfigSource, pixels: PixelWire = DEFAULT_PIXEL_WIRE) -> None:
         super().__init__()
         self.processor = str(processor)
         self.model_config = model_config

@@ -44,7 +44,7 @@ from train.dataset import PackedDatasetInfo, TrainConfigError, open_packed_datas
 from train.encoder import PackedBatchTaskEncoder
 from train.global_order import DataPosition, GlobalOrderLoader, split_shards
 from train.identity import ModelConfigSource
-from train.media import PIXEL_WIRES, PixelWire
+from train.media import DEFAULT_PIXEL_WIRE, PIXEL_WIRES, PixelWire
 
 log = logging.getLogger(__name__)
 Sampling = Literal["epoch", "buffer"]
@@ -69,7 +69,7 @@ class LoaderConfig:
     repeat: bool = True
     split: str = "train"
     context_parallel_size: int = 1  # slots must be multiples of 2x this (checked when the dataset opens)
-    pixels: PixelWire = "uint8"  # image pixels from the workers: 8-bit, normalised in the step; or float32
+    pixels: PixelWire = DEFAULT_PIXEL_WIRE  # image pixels from the workers: 8-bit, normalised in the step; or float32
 
     def worker_config(self) -> WorkerConfig:
         """Energon's view of this rank; errors re-raised so no pack is ever skipped silently."""

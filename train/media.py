@@ -204,6 +204,7 @@ class NoTrainingLayout(PackEncodeError):
 #: step) or "float32" (the processor's own float output, as a plain tensor)
 PixelWire = Literal["uint8", "float32"]
 PIXEL_WIRES: tuple[PixelWire, ...] = ("uint8", "float32")
+DEFAULT_PIXEL_WIRE: PixelWire = "uint8"  # `train.loader.LoaderConfig.pixels` and the encoders' default
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -214,7 +215,7 @@ class MediaProcessor:
     table: torch.Tensor | None  # `train.pixels.normalization_table` for "uint8"; None for "float32"
 
     @classmethod
-    def from_bundle(cls, bundle: ProcessorBundle, pixels: PixelWire = "uint8") -> MediaProcessor:
+    def from_bundle(cls, bundle: ProcessorBundle, pixels: PixelWire = DEFAULT_PIXEL_WIRE) -> MediaProcessor:
         """From the loaded processor: the layout its family registers for its class.
 
         With ``pixels="uint8"`` the processor's float pixels and the table's are compared once,

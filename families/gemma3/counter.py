@@ -32,23 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from families.counter import MediaCount
-from families.gemma3.settings import Gemma3Settings
-from families.processor import ProcessorBundle, ProcessorLoadError
+from families.counter import NO_VIDEO_TOKEN, MediaCount
+from families.gemma3.settings import Gemma3Settings, tokenizer_token
+from families.processor import ProcessorBundle
 from packvlm.sample_error import SampleError
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 from schemas.reasons import Reason
-
-NO_VIDEO_TOKEN = -1  # no token id is negative: the splice finds no video placeholder
-
-
-def _tokenizer_token(bundle: ProcessorBundle, attribute: str) -> str:
-    """``tokenizer.boi_token`` / ``eoi_token`` / ``image_token``: what ``Gemma3Processor.__init__`` reads."""
-    token = getattr(bundle.tokenizer, attribute, None)
-    if not isinstance(token, str) or not token:
-        raise ProcessorLoadError(f"{bundle.source}: the Gemma 3 tokenizer has no {attribute} (tokenizer_config.json)")
-    return token
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,10 +53,10 @@ class Gemma3Counter:
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> Gemma3Counter:
-        boi = _tokenizer_token(bundle, "boi_token")
-        eoi = _tokenizer_token(bundle, "eoi_token")
-        soft = _tokenizer_token(bundle, "image_token")
+        boi = tokenizer_token(bundle, "boi_token")
+        eoi = tokenizer_token(bundle, "eoi_token")
         settings = Gemma3Settings.from_processor(bundle)
+        soft = settings.soft_token
         return cls(
             settings=settings,
             image_token_id=bundle.token_id(boi, "boi_token"),

@@ -49,7 +49,6 @@ class Gemma3Layout:
     image_processor: Any
     #: what the processor passes its image processor (``settings.images_kwargs``), plus tensors out
     images_kwargs: dict[str, Any]
-    image_token_id: int  # <image_soft_token>: the model's config.image_token_id
     #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
     pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
@@ -61,12 +60,11 @@ class Gemma3Layout:
             settings=settings,
             image_processor=bundle.image_processor,
             images_kwargs={**settings.images_kwargs, "return_tensors": "pt"},
-            image_token_id=bundle.token_id("<image_soft_token>", "image_token"),
         )
 
     @property
     def mm_token_ids(self) -> Mapping[int, int]:
-        return {IMAGE: self.image_token_id}
+        return {IMAGE: self.settings.soft_token_id}
 
     def _item(self, image: Image.Image) -> ItemInputs:
         got = self.image_processor([image], **self.images_kwargs, **self.pixel_kwargs)

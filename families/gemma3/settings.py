@@ -77,6 +77,14 @@ def _image_seq_length(bundle: ProcessorBundle) -> int:
     return DEFAULT_IMAGE_SEQ_LENGTH if value is None else int(value)
 
 
+def tokenizer_token(bundle: ProcessorBundle, attribute: str) -> str:
+    """``tokenizer.boi_token`` / ``eoi_token`` / ``image_token``: what ``Gemma3Processor.__init__`` reads."""
+    token = getattr(bundle.tokenizer, attribute, None)
+    if not isinstance(token, str) or not token:
+        raise ProcessorLoadError(f"{bundle.source}: the Gemma 3 tokenizer has no {attribute} (tokenizer_config.json)")
+    return token
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Gemma3Settings:
     """The processor's settings both faces use (`Gemma3Counter`, `Gemma3Layout`)."""
@@ -84,12 +92,17 @@ class Gemma3Settings:
     images_kwargs: dict[str, Any]  # what the processor passes its image processor
     image_seq_length: int  # <image_soft_token> per image and per crop
     pan_and_scan: PanAndScan | None  # None: off
+    soft_token: str  # <image_soft_token> (tokenizer.image_token): one per image feature
+    soft_token_id: int  # the model's config.image_token_id
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> Gemma3Settings:
         merged = merged_images_kwargs(bundle)
+        soft = tokenizer_token(bundle, "image_token")
         return cls(
             images_kwargs=merged,
             image_seq_length=_image_seq_length(bundle),
             pan_and_scan=_pan_and_scan(bundle, merged),
+            soft_token=soft,
+            soft_token_id=bundle.token_id(soft, "image_token"),
         )

@@ -37,14 +37,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize as glm4v_smart_resize
 from transformers.models.glm46v.image_processing_pil_glm46v import smart_resize as glm46v_smart_resize
 
 from families.counter import MediaCount, MediaRejected
+from families.glm4v.settings import Glm4vSettings
 from families.processor import ProcessorBundle, ProcessorLoadError
-from families.settings import effective_image_settings
+from families.qwen2_vl.counter import GridCounter
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 
@@ -57,25 +58,11 @@ SMART_RESIZE: dict[str, SmartResize] = {
 IMAGE_PROCESSORS = ("Glm4vImageProcessor", "Glm46VImageProcessor")
 
 
-def _pixel_limits(size: Any) -> tuple[int, int]:
-    get = size.get if isinstance(size, dict) else lambda k: getattr(size, k, None)
-    shortest, longest = get("shortest_edge"), get("longest_edge")
-    if not shortest or not longest:  # Glm4vImageProcessorPil.resize raises the same
-        raise ProcessorLoadError(f"GLM image processor size {size!r} lacks shortest_edge/longest_edge")
-    return int(shortest), int(longest)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Glm4vCounter:
+class Glm4vCounter(GridCounter):
     counts_video: ClassVar[bool] = False  # video samples take the real processor (module docstring)
 
-    image_token_id: int  # <|image|>: the template's per-image placeholder and its expansion
-    video_token_id: int  # <|video|>
-    patch_size: int
-    temporal_patch_size: int
-    merge_size: int
-    min_pixels: int
-    max_pixels: int
+    settings: Glm4vSettings  # <|image|> / <|video|> placeholders, the effective image settings
     smart_resize: SmartResize
 
     @classmethod
@@ -86,47 +73,25 @@ class Glm4vCounter:
                 f"{bundle.source}: {bundle.processor_class} with {type(ip).__name__}; the closed form knows only "
                 f"{' / '.join(IMAGE_PROCESSORS)} resizing"
             )
-        kwargs = effective_image_settings(bundle, ("size", "patch_size", "temporal_patch_size", "merge_size"))
-        min_pixels, max_pixels = _pixel_limits(kwargs["size"])
-        return cls(
-            image_token_id=bundle.token_id("<|image|>", "image_token"),
-            video_token_id=bundle.token_id("<|video|>", "video_token"),
-            patch_size=int(kwargs["patch_size"]),
-            temporal_patch_size=int(kwargs["temporal_patch_size"]),
-            merge_size=int(kwargs["merge_size"]),
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-            smart_resize=SMART_RESIZE[bundle.processor_class],
-        )
+        return cls(settings=Glm4vSettings.from_processor(bundle), smart_resize=SMART_RESIZE[bundle.processor_class])
 
     def resized(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) the image processor resizes to; its ValueError becomes MediaRejected."""
         if width <= 0 or height <= 0:
             raise MediaRejected(f"image of size {width}x{height}")
+        s = self.settings
         try:
             return self.smart_resize(
-                num_frames=self.temporal_patch_size,
+                num_frames=s.image_temporal_patch_size,
                 height=height,
                 width=width,
-                temporal_factor=self.temporal_patch_size,
-                factor=self.patch_size * self.merge_size,
-                min_pixels=self.min_pixels,
-                max_pixels=self.max_pixels,
+                temporal_factor=s.image_temporal_patch_size,
+                factor=s.patch_size * s.merge_size,
+                min_pixels=s.min_pixels,
+                max_pixels=s.max_pixels,
             )
         except ValueError as exc:
             raise MediaRejected(str(exc)) from exc
 
-    def count_image(self, width: int, height: int) -> MediaCount:
-        hb, wb = self.resized(width, height)
-        gh, gw = hb // self.patch_size, wb // self.patch_size
-        n = gh * gw // self.merge_size**2
-        return MediaCount(
-            kind="image", grid_t=1, grid_h=gh, grid_w=gw, num_tokens=n, expansion=(self.image_token_id,) * n
-        )
-
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
         raise MediaRejected("GLM-V video has no closed-form count; it needs the real processor (torchvision)")
-
-    def processor_video_kwargs(self, sampling: VideoSampling) -> dict[str, Any]:
-        """``Glm4vVideoProcessor.sample_frames`` takes ``fps`` only (min/max frames are not used)."""
-        return {} if sampling.fps is None else {"fps": sampling.fps, "do_sample_frames": True}

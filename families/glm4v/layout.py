@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from families.glm4v.settings import Glm4vSettings
 from families.qwen2_vl.layout import GridLayout
+from families.settings import GridSettings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Glm4vLayout(GridLayout):
     """GLM-4.xV images and videos."""
 
-    tokens: ClassVar[tuple[str, str]] = ("<|image|>", "<|video|>")
+    settings_class: ClassVar[type[GridSettings]] = Glm4vSettings

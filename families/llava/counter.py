@@ -49,15 +49,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from families.counter import MediaCount, MediaRejected
-from families.processor import ProcessorBundle, ProcessorLoadError
-from families.settings import effective_image_settings
+from families.counter import IdsFromSettings, MediaCount, MediaRejected
+from families.llava.settings import LlavaSettings
+from families.processor import ProcessorBundle
 from packvlm.sample_error import SampleError
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 from schemas.reasons import Reason
-
-NO_VIDEO_TOKEN = -1  # LLaVA-NeXT: no token id is negative, the splice finds no video placeholder
 
 
 def best_resolution(height: int, width: int, pinpoints: tuple[tuple[int, int], ...]) -> tuple[int, int]:
@@ -73,121 +71,38 @@ def best_resolution(height: int, width: int, pinpoints: tuple[tuple[int, int], .
     return best
 
 
-def _get(size: Any, key: str) -> Any:
-    """A key of a size dict or SizeDict (None when absent)."""
-    if size is None:
-        return None
-    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
-
-
-def _size_hw(size: Any) -> tuple[int, int] | None:
-    """(height, width) of a size: height + width, or a shortest edge squared (a square tile)."""
-    if _get(size, "height") and _get(size, "width"):
-        return int(_get(size, "height")), int(_get(size, "width"))
-    if _get(size, "shortest_edge"):
-        return int(_get(size, "shortest_edge")), int(_get(size, "shortest_edge"))
-    return None
-
-
-TILE_SETTINGS = ("size", "crop_size", "do_resize", "do_center_crop", "image_grid_pinpoints")
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TileLayout:
-    """How the image processor cuts an image (``_preprocess`` / ``get_image_patches``)."""
-
-    pinpoints: tuple[tuple[int, int], ...]
-    cut: int  # P: divide_to_patches' square patch side
-    tile_height: int  # th, tw: a processed tile's size (what replace_image_token reads back)
-    tile_width: int
-
-    @classmethod
-    def from_settings(cls, settings: dict[str, Any], source: str) -> TileLayout:
-        size = _size_hw(settings["size"])
-        crop = _size_hw(settings["crop_size"])
-        pinpoints = tuple((int(h), int(w)) for h, w in settings["image_grid_pinpoints"] or ())
-        if size is None or not pinpoints:
-            raise ProcessorLoadError(f"{source}: LLaVA image processor without size or image_grid_pinpoints")
-        crop_height = _get(settings["crop_size"], "height")
-        cut = int(crop_height) if crop_height else size[0]  # _preprocess's patch_size
-        if settings["do_center_crop"] and crop is not None:
-            tile = crop
-        elif settings["do_resize"]:
-            tile = size
-        else:
-            raise ProcessorLoadError(f"{source}: LLaVA image processor with do_resize off is not counted")
-        return cls(pinpoints=pinpoints, cut=cut, tile_height=tile[0], tile_width=tile[1])
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LlavaCounter:
-    image_token_id: int  # <image>
-    video_token_id: int  # <video> (OneVision) or NO_VIDEO_TOKEN
-    layout: TileLayout
-    feature_rows: int  # ph, pw: one tile's feature grid
-    feature_cols: int
-    base_features: int  # the whole-image tile's features
-    max_num_patches: int | None  # OneVision's "anyres_max_N"; None for NeXT
-    drop_one: bool  # vision_feature_select_strategy == "default"
-    num_image_tokens: int  # OneVision: features of one tile (multi-image and video rules)
-    onevision: bool
+class LlavaCounter(IdsFromSettings):
+    settings: LlavaSettings  # shared with the layout
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> LlavaCounter:
-        processor: Any = bundle.processor
-        if processor is None:
-            raise ProcessorLoadError(f"{bundle.source}: {bundle.processor_class} could not be built here")
-        layout = TileLayout.from_settings(effective_image_settings(bundle, TILE_SETTINGS), bundle.source)
-        onevision = bundle.processor_class == "LlavaOnevisionProcessor"
-        if onevision:
-            side = int(math.sqrt(processor.num_image_tokens))
-            rows = cols = side
-            base = int(processor.num_image_tokens)
-            # the processor's own parse: str.strip of the character set "anyres_max_" (so "anyres_max_9" -> 9)
-            max_num_patches: int | None = int(processor.vision_aspect_ratio.strip("anyres_max_"))  # noqa: B005
-            video_token_id = bundle.token_id("<video>", "video_token")
-        else:
-            rows, cols = layout.tile_height // processor.patch_size, layout.tile_width // processor.patch_size
-            base = rows * cols + int(processor.num_additional_image_tokens)
-            max_num_patches = None
-            video_token_id = NO_VIDEO_TOKEN
-        return cls(
-            image_token_id=int(processor.image_token_id),
-            video_token_id=video_token_id,
-            layout=layout,
-            feature_rows=rows,
-            feature_cols=cols,
-            base_features=base,
-            max_num_patches=max_num_patches,
-            drop_one=processor.vision_feature_select_strategy == "default",
-            num_image_tokens=int(getattr(processor, "num_image_tokens", None) or base),
-            onevision=onevision,
-        )
+        return cls(settings=LlavaSettings.from_processor(bundle))
 
     def tile_grid(self, width: int, height: int) -> tuple[int, int]:
         """(rows, cols) of P-tiles the best pinpoint is cut into (the whole-image tile not counted)."""
-        pin_h, pin_w = best_resolution(height, width, self.layout.pinpoints)
-        cut = self.layout.cut
+        pin_h, pin_w = best_resolution(height, width, self.settings.tiles.pinpoints)
+        cut = self.settings.tiles.cut
         return -(-pin_h // cut), -(-pin_w // cut)
 
     def num_tiles(self, width: int, height: int, *, multi_image: bool = False) -> int:
         """``pixel_values``' patch dimension for one image (before batch padding)."""
-        if multi_image and self.onevision:
+        if multi_image and self.settings.onevision:
             return 1
         rows, cols = self.tile_grid(width, height)
         return 1 + rows * cols
 
     def image_tokens(self, width: int, height: int, *, multi_image: bool = False) -> int:
         """``<image>`` ids the processor writes for one image (module docstring, steps 1-4)."""
-        if multi_image and self.onevision:
-            tokens = self.num_image_tokens + 1
+        if multi_image and self.settings.onevision:
+            tokens = self.settings.num_image_tokens + 1
         else:
-            pin_h, pin_w = best_resolution(height, width, self.layout.pinpoints)
-            grid_h = self.feature_rows * (pin_h // self.layout.tile_height)
-            grid_w = self.feature_cols * (pin_w // self.layout.tile_width)
+            pin_h, pin_w = best_resolution(height, width, self.settings.tiles.pinpoints)
+            grid_h = self.settings.feature_rows * (pin_h // self.settings.tiles.tile_height)
+            grid_w = self.settings.feature_cols * (pin_w // self.settings.tiles.tile_width)
             features, newlines = self._unpadded(height, width, grid_h, grid_w)
-            tokens = features + newlines + self.base_features
-        return tokens - 1 if self.drop_one else tokens
+            tokens = features + newlines + self.settings.base_features
+        return tokens - 1 if self.settings.drop_one else tokens
 
     def _unpadded(self, height: int, width: int, grid_h: int, grid_w: int) -> tuple[int, int]:
         """``_get_unpadded_features`` of either processor."""
@@ -196,8 +111,8 @@ class LlavaCounter:
         else:
             grid_w -= (grid_w - int(round(width * (grid_h / height), 7))) // 2 * 2
         features, newlines = grid_h * grid_w, grid_h
-        if self.max_num_patches is not None:
-            ratio = math.sqrt(grid_h * grid_w / (self.max_num_patches * self.feature_rows**2))
+        if self.settings.max_num_patches is not None:
+            ratio = math.sqrt(grid_h * grid_w / (self.settings.max_num_patches * self.settings.feature_rows**2))
             if ratio > 1.1:
                 features = int(grid_h // ratio) * int(grid_w // ratio)
                 newlines = int(grid_h // ratio)
@@ -208,7 +123,7 @@ class LlavaCounter:
         if width <= 0 or height <= 0:
             raise MediaRejected(f"image of size {width}x{height}")
         n = self.image_tokens(width, height, multi_image=multi_image)
-        rows, cols = (1, 1) if multi_image and self.onevision else self.tile_grid(width, height)
+        rows, cols = (1, 1) if multi_image and self.settings.onevision else self.tile_grid(width, height)
         return MediaCount(
             kind="image",
             grid_t=1,
@@ -230,10 +145,10 @@ class LlavaCounter:
         return [i * total // n for i in range(n)]
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
-        if not self.onevision:
+        if not self.settings.onevision:
             raise SampleError(Reason.UNSUPPORTED_MEDIA, "LlavaNextProcessor takes no video")
         indices = self.sample_frames(meta, sampling)
-        pooled = math.ceil(int(math.sqrt(self.num_image_tokens)) / 2)
+        pooled = math.ceil(int(math.sqrt(self.settings.num_image_tokens)) / 2)
         n = len(indices) * pooled * pooled + 1  # replace_video_token: +1 for the newline
         return MediaCount(
             kind="video",

@@ -48,7 +48,8 @@ from PIL import Image
 from transformers.image_processing_utils import select_best_resolution
 
 from families.layout import IMAGE, RAW_PIXELS, DecodedVideo, ItemInputs, Join, Rope, SampleInputs
-from families.processor import ProcessorBundle, ProcessorLoadError
+from families.llava.settings import LlavaSettings
+from families.processor import ProcessorBundle
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,34 +63,19 @@ class LlavaLayout:
     }
     rope: ClassVar[Rope] = "text"
 
+    settings: LlavaSettings  # shared with the counter
     processor: Any  # the whole processor: its image-token expansion is the placeholder count
-    image_token_id: int
-    pinpoints: tuple[tuple[int, int], ...]  # the image processor's (H, W) resolutions
-    #: vision-encoder patches of one tile: OneVision's ``num_image_tokens``, else (tile // patch_size)^2 (NeXT)
-    tile_features: int | None
-    patch_size: int | None
     #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
     pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
     def from_bundle(cls, bundle: ProcessorBundle) -> LlavaLayout:
         """From the loaded processor (the processor must be buildable here)."""
-        processor: Any = bundle.processor  # the class's own attributes (image_token_id, ...)
-        if processor is None:
-            raise ProcessorLoadError(f"{bundle.source}: {bundle.processor_class} could not be built here")
-        tile_features = getattr(processor, "num_image_tokens", None)
-        patch_size = getattr(processor, "patch_size", None)
-        return cls(
-            processor=processor,
-            image_token_id=int(processor.image_token_id),
-            pinpoints=tuple((int(h), int(w)) for h, w in bundle.image_processor.image_grid_pinpoints),
-            tile_features=None if tile_features is None else int(tile_features),
-            patch_size=None if patch_size is None else int(patch_size),
-        )
+        return cls(settings=LlavaSettings.from_processor(bundle), processor=bundle.processor)
 
     @property
     def mm_token_ids(self) -> Mapping[int, int]:
-        return {IMAGE: self.image_token_id}
+        return {IMAGE: self.settings.image_token_id}
 
     @property
     def supports_video(self) -> bool:
@@ -101,22 +87,18 @@ class LlavaLayout:
         )
         pixels = got["pixel_values"]  # [1, tiles, 3, th, tw]: one image, no batch padding
         height, width = (int(x) for x in got["image_sizes"][0].tolist())
-        best_h, best_w = select_best_resolution((height, width), [list(p) for p in self.pinpoints])
+        best_h, best_w = select_best_resolution((height, width), [list(p) for p in self.settings.tiles.pinpoints])
         tile_h, tile_w = int(pixels.shape[-2]), int(pixels.shape[-1])
         tensors = {"pixel_values": pixels, "image_sizes": got["image_sizes"].to(torch.int64)}
         if "batch_num_images" in got:
             tensors["batch_num_images"] = got["batch_num_images"].to(torch.int64)
         num_tiles = int(pixels.shape[1])
-        if self.tile_features is not None:
-            per_tile = self.tile_features
-        else:
-            per_tile = (tile_h // (self.patch_size or tile_h)) * (tile_w // (self.patch_size or tile_w))
         return ItemInputs(
             tensors=tensors,
             grid_thw=(1, best_h // tile_h, best_w // tile_w),
             num_tiles=num_tiles,
-            num_tokens=int((got["input_ids"] == self.image_token_id).sum()),
-            num_patches=num_tiles * per_tile,
+            num_tokens=int((got["input_ids"] == self.settings.image_token_id).sum()),
+            num_patches=num_tiles * self.settings.feature_rows * self.settings.feature_cols,
         )
 
     def sample_inputs(self, images: Sequence[Image.Image], videos: Sequence[DecodedVideo]) -> SampleInputs:

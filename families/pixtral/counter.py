@@ -28,15 +28,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from families.counter import MediaCount, MediaRejected
+from families.counter import NO_VIDEO_TOKEN, MediaCount, MediaRejected
 from families.pixtral.settings import PixtralSettings
 from families.processor import ProcessorBundle
 from packvlm.sample_error import SampleError
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 from schemas.reasons import Reason
-
-NO_VIDEO_TOKEN = -1  # no token id is negative: the splice finds no video placeholder
 
 
 def resized_rows_cols(height: int, width: int, *, patch: int, max_height: int, max_width: int) -> tuple[int, int]:

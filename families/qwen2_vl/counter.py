@@ -4,8 +4,9 @@ Image: grid (1, hb/14, wb/14), tokens = hb*wb / 28^2, placeholder ``<|image_pad|
 Video: frames sampled as ``Qwen2VLVideoProcessor.sample_frames`` does (only when sampling is
 requested), every frame resized with the video pixel limits, grid_t = ceil(n / 2), tokens =
 grid_t * (hb/28) * (wb/28). Qwen2.5-VL differs only in ``second_per_grid_ts``, which does not
-touch the text. Every setting is read from the loaded processor, never from class defaults,
-except where the video processor could not be loaded and its config file omits a key.
+touch the text. Every setting is read from the loaded processor once (`families.qwen2_vl.settings`),
+never from class defaults, except where the video processor could not be loaded and its config file
+omits a key.
 """
 
 from __future__ import annotations
@@ -17,54 +18,12 @@ from typing import Any
 import torch
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-from families.counter import MediaCount, MediaRejected
+from families.counter import IdsFromSettings, MediaCount, MediaRejected
 from families.processor import ProcessorBundle
-from families.settings import VideoSettings, image_pixel_limits
+from families.qwen2_vl.settings import Qwen2VLSettings
+from families.settings import GridSettings
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
-
-# Qwen2VLVideoProcessor class attributes, used only for keys a config file leaves out
-# when the video processor itself cannot be imported (no torchvision).
-QWEN2_VIDEO_CLASS_DEFAULTS = {
-    "patch_size": 14,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "min_frames": 4,
-    "max_frames": 768,
-    "fps": None,
-    "do_sample_frames": False,
-    "cap_pixels_per_frame": None,
-    "max_video_tokens": 128000,
-    "size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768},
-}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class QwenImageRule:
-    """The Qwen-VL image rule (Qwen2/2.5/3-VL, Qwen3.5, Qwen2.5/3-Omni), set from the loaded image processor."""
-
-    patch_size: int
-    merge_size: int
-    min_pixels: int
-    max_pixels: int
-
-    @classmethod
-    def from_image_processor(cls, image_processor: Any) -> QwenImageRule:
-        min_pixels, max_pixels = image_pixel_limits(image_processor)
-        return cls(
-            patch_size=int(image_processor.patch_size),
-            merge_size=int(image_processor.merge_size),
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-        )
-
-    def count(self, width: int, height: int, token_id: int) -> MediaCount:
-        """Grid (1, hb/patch, wb/patch) and that many / merge^2 ``token_id`` placeholders."""
-        patch, merge = self.patch_size, self.merge_size
-        hb, wb = resize_grid(height, width, patch * merge, self.min_pixels, self.max_pixels)
-        gh, gw = hb // patch, wb // patch
-        n = gh * gw // merge**2
-        return MediaCount(kind="image", grid_t=1, grid_h=gh, grid_w=gw, num_tokens=n, expansion=(token_id,) * n)
 
 
 def resize_grid(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -76,27 +35,44 @@ def resize_grid(height: int, width: int, factor: int, min_pixels: int, max_pixel
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Qwen2VLCounter:
-    image_token_id: int
-    video_token_id: int
-    image: QwenImageRule
-    video: VideoSettings
+class GridCounter(IdsFromSettings):
+    """What the patch-grid counters share: their settings (shared with the layout) and the image count.
+
+    ``resized`` is the Qwen-VL rule; a family whose image processor resizes otherwise (GLM) overrides it.
+    """
+
+    settings: GridSettings
+
+    def resized(self, width: int, height: int) -> tuple[int, int]:
+        """(height, width) the image processor resizes to: ``smart_resize`` with factor patch x merge."""
+        s = self.settings
+        return resize_grid(height, width, s.patch_size * s.merge_size, s.min_pixels, s.max_pixels)
+
+    def count_image(self, width: int, height: int) -> MediaCount:
+        """Grid (1, hb/patch, wb/patch) and that many / merge^2 ``image_token_id`` placeholders."""
+        hb, wb = self.resized(width, height)
+        gh, gw = hb // self.settings.patch_size, wb // self.settings.patch_size
+        n = gh * gw // self.settings.merge_size**2
+        return MediaCount(
+            kind="image", grid_t=1, grid_h=gh, grid_w=gw, num_tokens=n, expansion=(self.image_token_id,) * n
+        )
+
+    def processor_video_kwargs(self, sampling: VideoSampling) -> dict[str, Any]:
+        """The processor samples frames at the dataset's fps (its one sampling option here)."""
+        return {} if sampling.fps is None else {"fps": sampling.fps, "do_sample_frames": True}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Qwen2VLCounter(GridCounter):
+    settings: Qwen2VLSettings
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> Qwen2VLCounter:
-        return cls(
-            image_token_id=bundle.token_id("<|image_pad|>", "image_token"),
-            video_token_id=bundle.token_id("<|video_pad|>", "video_token"),
-            image=QwenImageRule.from_image_processor(bundle.image_processor),
-            video=VideoSettings.from_config(bundle.video_config, QWEN2_VIDEO_CLASS_DEFAULTS),
-        )
-
-    def count_image(self, width: int, height: int) -> MediaCount:
-        return self.image.count(width, height, self.image_token_id)
+        return cls(settings=Qwen2VLSettings.from_processor(bundle))
 
     def sample_frames(self, meta: VideoMeta, sampling: VideoSampling) -> list[int]:
         """``Qwen2VLVideoProcessor.sample_frames``, float32 torch arithmetic included."""
-        v = self.video
+        v = self.settings.video
         fps = sampling.fps if sampling.fps is not None else (v.fps if v.do_sample_frames else None)
         total = meta.num_frames
         if fps is None:
@@ -113,7 +89,7 @@ class Qwen2VLCounter:
         return torch.arange(0, total, total / n).int().tolist()
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
-        v = self.video
+        v = self.settings.video
         indices = self.sample_frames(meta, sampling)
         n = len(indices)
         factor = v.patch_size * v.merge_size

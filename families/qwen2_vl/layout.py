@@ -7,19 +7,23 @@ the pack (the vision tower splits images by its own cu_seqlens). Videos likewise
 ``pixel_values_videos`` / ``video_grid_thw``, plus ``second_per_grid_ts`` where the model's
 rope index reads it (Qwen2.5-VL). An item expands to ``prod(grid) / merge_size**2``
 placeholder tokens. Positions: the model's own ``get_rope_index`` per sample (mRoPE).
+Placeholder ids, merge size and temporal patch are the family's settings
+(`families.settings.GridSettings`, ``settings_class``), the object its counter holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 from PIL import Image
 
 from families.layout import IMAGE, RAW_PIXELS, VIDEO, DecodedVideo, ItemInputs, Join, Rope, SampleInputs
 from families.processor import ProcessorBundle
+from families.qwen2_vl.settings import Qwen2VLSettings
+from families.settings import GridSettings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,40 +38,27 @@ class GridLayout:
         "second_per_grid_ts": "cat",
     }
     rope: ClassVar[Rope] = "mrope"
-    #: the processor's placeholder tokens (the tokenizer attribute is preferred, as the processor does)
-    tokens: ClassVar[tuple[str, str]] = ("<|image_pad|>", "<|video_pad|>")
+    settings_class: ClassVar[type[GridSettings]] = GridSettings  # the family's: placeholders, merge size
 
+    settings: GridSettings  # shared with the counter
     image_processor: Any
     video_processor: Any | None  # None where torchvision is missing
-    image_token_id: int
-    video_token_id: int
-    merge_size: int
-    temporal_patch_size: int
-    #: the processor returns ``second_per_grid_ts`` (Qwen2.5-VL) for the model's rope index
-    wants_second_per_grid_ts: bool
     #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
     pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
-    def from_bundle(cls, bundle: ProcessorBundle) -> GridLayout:
+    def from_bundle(cls, bundle: ProcessorBundle) -> Self:
         """From the loaded processor."""
         processor = bundle.processor
-        video = getattr(processor, "video_processor", None) if processor is not None else None
-        names = list(getattr(processor, "model_input_names", None) or [])
-        tps = getattr(video, "temporal_patch_size", None) or bundle.video_config.get("temporal_patch_size", 2)
         return cls(
+            settings=cls.settings_class.from_processor(bundle),
             image_processor=bundle.image_processor,
-            video_processor=video,
-            image_token_id=bundle.token_id(cls.tokens[0], "image_token"),
-            video_token_id=bundle.token_id(cls.tokens[1], "video_token"),
-            merge_size=int(bundle.image_processor.merge_size),
-            temporal_patch_size=int(tps),
-            wants_second_per_grid_ts="second_per_grid_ts" in names,
+            video_processor=getattr(processor, "video_processor", None) if processor is not None else None,
         )
 
     @property
     def mm_token_ids(self) -> Mapping[int, int]:
-        return {IMAGE: self.image_token_id, VIDEO: self.video_token_id}
+        return {IMAGE: self.settings.image_token_id, VIDEO: self.settings.video_token_id}
 
     @property
     def supports_video(self) -> bool:
@@ -95,7 +86,7 @@ class GridLayout:
             },
             grid_thw=(t, h, w),
             num_tiles=1,
-            num_tokens=t * h * w // self.merge_size**2,
+            num_tokens=t * h * w // self.settings.merge_size**2,
             num_patches=t * h * w,
         )
 
@@ -109,8 +100,8 @@ class GridLayout:
                 raise TypeError("no video processor (train.media checks supports_video first)")
             got = self.video_processor(videos=[video.frames], do_sample_frames=False, return_tensors="pt")
             item = self._item(got["pixel_values_videos"], got["video_grid_thw"], "_videos")
-            if self.wants_second_per_grid_ts:
-                seconds = torch.tensor([self.temporal_patch_size / video.sampled_fps], dtype=torch.float32)
+            if self.settings.second_per_grid_ts:
+                seconds = torch.tensor([self.settings.temporal_patch_size / video.sampled_fps], dtype=torch.float32)
                 item.tensors["second_per_grid_ts"] = seconds
             items.append(item)
         return SampleInputs(items=tuple(items))
@@ -119,3 +110,5 @@ class GridLayout:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Qwen2VLLayout(GridLayout):
     """Qwen2-VL and Qwen2.5-VL (``second_per_grid_ts`` for Qwen2.5-VL videos)."""
+
+    settings_class: ClassVar[type[GridSettings]] = Qwen2VLSettings

@@ -19,53 +19,31 @@ from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize 
 
 from families.counter import MediaCount, MediaRejected
 from families.processor import ProcessorBundle
-from families.qwen2_vl.counter import QwenImageRule
-from families.settings import VideoSettings
+from families.qwen2_vl.counter import GridCounter
+from families.qwen3_vl.settings import Qwen3VLSettings
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 
-QWEN3_VIDEO_CLASS_DEFAULTS = {
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "min_frames": 4,
-    "max_frames": 768,
-    "fps": 2,
-    "do_sample_frames": True,
-    "cap_pixels_per_frame": None,
-    "max_video_tokens": 768,
-    "size": {"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768},
-}
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Qwen3VLCounter:
-    image_token_id: int
-    video_token_id: int
-    vision_start_id: int
+class Qwen3VLCounter(GridCounter):
+    settings: Qwen3VLSettings
+    vision_start_id: int  # the timestamped video expansion's own delimiters
     vision_end_id: int
-    image: QwenImageRule
-    video: VideoSettings
-    tokenizer: Any
+    tokenizer: Any  # tokenizes the timestamp text
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> Qwen3VLCounter:
         return cls(
-            image_token_id=bundle.token_id("<|image_pad|>", "image_token"),
-            video_token_id=bundle.token_id("<|video_pad|>", "video_token"),
+            settings=Qwen3VLSettings.from_processor(bundle),
             vision_start_id=bundle.token_id("<|vision_start|>", "vision_start_token"),
             vision_end_id=bundle.token_id("<|vision_end|>", "vision_end_token"),
-            image=QwenImageRule.from_image_processor(bundle.image_processor),
-            video=VideoSettings.from_config(bundle.video_config, QWEN3_VIDEO_CLASS_DEFAULTS),
             tokenizer=bundle.tokenizer,
         )
 
-    def count_image(self, width: int, height: int) -> MediaCount:
-        return self.image.count(width, height, self.image_token_id)
-
     def sample_frames(self, meta: VideoMeta, sampling: VideoSampling) -> list[int]:
         """``Qwen3VLVideoProcessor.sample_frames`` (min/max frames from the dataset config win)."""
-        v = self.video
+        v = self.settings.video
         total = meta.num_frames
         min_frames = sampling.min_frames if sampling.min_frames is not None else v.min_frames
         max_frames = sampling.max_frames if sampling.max_frames is not None else v.max_frames
@@ -81,7 +59,7 @@ class Qwen3VLCounter:
 
     def timestamps(self, indices: list[int], source_fps: float) -> list[float]:
         """``Qwen3VLProcessor._calculate_timestamps``: mean time of each temporal patch."""
-        tps = self.video.temporal_patch_size
+        tps = self.settings.video.temporal_patch_size
         padded = list(indices)
         if len(padded) % tps:
             padded.extend([padded[-1]] * (tps - len(padded) % tps))
@@ -89,7 +67,7 @@ class Qwen3VLCounter:
         return [(times[i] + times[i + tps - 1]) / 2 for i in range(0, len(times), tps)]
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
-        v = self.video
+        v = self.settings.video
         indices = self.sample_frames(meta, sampling)
         n = len(indices)
         factor = v.patch_size * v.merge_size
@@ -130,6 +108,3 @@ class Qwen3VLCounter:
             frame_indices=tuple(indices),
             timestamps=tuple(times),
         )
-
-    def processor_video_kwargs(self, sampling: VideoSampling) -> dict[str, Any]:
-        return {} if sampling.fps is None else {"fps": sampling.fps, "do_sample_frames": True}

@@ -7,10 +7,15 @@ is 16-pixel patches merged 2x2, all read from the loaded processor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from families.qwen2_vl.layout import GridLayout
+from families.qwen3_vl.settings import Qwen3VLSettings
+from families.settings import GridSettings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Qwen3VLLayout(GridLayout):
     """Qwen3-VL / Qwen3.5 images and videos."""
+
+    settings_class: ClassVar[type[GridSettings]] = Qwen3VLSettings

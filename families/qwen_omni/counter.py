@@ -8,7 +8,7 @@ so the loaded image processor's settings are the effective ones. Image rules:
 1. ``image_processing_pil_qwen2_vl.smart_resize`` with factor patch x merge (Qwen2.5-Omni-7B:
    14 x 2 = 28; Qwen3-Omni-30B-A3B: 16 x 2 = 32), 3136..12845056 pixels; an aspect ratio
    > 200 raises ValueError (here :class:`MediaRejected`). Counted by
-   :class:`families.qwen2_vl.counter.QwenImageRule`.
+   :class:`families.qwen2_vl.counter.GridCounter`.
 2. ``replace_image_token`` (``processing_qwen2_5_omni.py`` / ``processing_qwen3_omni_moe.py``):
    ``image_token * (grid_thw.prod() // merge_size**2)``. The image token is the tokenizer's
    ``image_token``: ``<|IMAGE|>`` (Qwen2.5-Omni), ``<|image_pad|>`` (Qwen3-Omni). The chat
@@ -28,38 +28,26 @@ cannot run. Audio is out of scope: the dataset readers take no audio items.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from families.counter import MediaCount, MediaRejected
 from families.processor import ProcessorBundle
-from families.qwen2_vl.counter import QwenImageRule
+from families.qwen2_vl.counter import GridCounter
+from families.qwen_omni.settings import QwenOmniSettings
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class QwenOmniCounter:
+class QwenOmniCounter(GridCounter):
     counts_video: ClassVar[bool] = False
 
-    image_token_id: int
-    video_token_id: int
-    image: QwenImageRule
+    settings: QwenOmniSettings
     processor_class: str
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> QwenOmniCounter:
-        return cls(
-            image_token_id=bundle.token_id("<|IMAGE|>", "image_token"),
-            video_token_id=bundle.token_id("<|VIDEO|>", "video_token"),
-            image=QwenImageRule.from_image_processor(bundle.image_processor),
-            processor_class=bundle.processor_class,
-        )
-
-    def count_image(self, width: int, height: int) -> MediaCount:
-        return self.image.count(width, height, self.image_token_id)
+        return cls(settings=QwenOmniSettings.from_processor(bundle), processor_class=bundle.processor_class)
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
         raise MediaRejected(f"{self.processor_class} video has no closed form; only the real processor counts it")
-
-    def processor_video_kwargs(self, sampling: VideoSampling) -> dict[str, Any]:
-        return {} if sampling.fps is None else {"fps": sampling.fps, "do_sample_frames": True}

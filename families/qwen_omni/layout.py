@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from families.qwen2_vl.layout import GridLayout
+from families.qwen_omni.settings import QwenOmniSettings
+from families.settings import GridSettings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QwenOmniLayout(GridLayout):
     """Qwen-Omni thinker images."""
 
-    tokens: ClassVar[tuple[str, str]] = ("<|IMAGE|>", "<|VIDEO|>")
+    settings_class: ClassVar[type[GridSettings]] = QwenOmniSettings

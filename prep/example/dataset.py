@@ -38,6 +38,7 @@ from prep.example.media import (
     write_video,
 )
 from prep.example.rows import bad_chat_rows, named_chat_rows, random_chat_row, sharegpt_records
+from schemas.media_ref import MediaRef
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +74,13 @@ def _write_media(media_dir: Path) -> dict[str, str]:
         "corrupt.jpg": garbage_bytes(1024, seed=24),
     }
     write_lmdb(media_dir / LMDB, lmdb_items)
-    refs |= {f"lmdb:{key}": f"{LMDB}::{key}" for key in lmdb_items}
+    refs |= {f"lmdb:{key}": MediaRef(path=LMDB, key=key).format() for key in lmdb_items}
     for index, (name, (frames, fps, width, height)) in enumerate(VIDEOS.items()):
         write_video(media_dir / "videos" / f"{name}.mp4", frames, fps, width, height, seed=index)
         refs[name] = f"videos/{name}.mp4"
     write_corrupt_video(media_dir / "videos" / "corrupt.mp4")
     refs["corrupt_video"] = "videos/corrupt.mp4"
-    refs["lmdb_missing_key"] = f"{LMDB}::no_such_key.jpg"
+    refs["lmdb_missing_key"] = MediaRef(path=LMDB, key="no_such_key.jpg").format()
     return refs
 
 

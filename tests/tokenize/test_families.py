@@ -69,7 +69,7 @@ SAMPLINGS = [VideoSampling(fps=2.0, min_frames=4, max_frames=64), VideoSampling(
 def test_qwen2_video_plan_matches_transformers(bundles):
     module = load_qwen2_video_module()
     counter = Qwen2VLCounter.from_processor(bundles["qwen2_vl"])
-    v = counter.video
+    v = counter.settings.video
     proc = SimpleNamespace(
         num_frames=None,
         fps=v.fps,
@@ -105,7 +105,7 @@ def test_qwen2_video_plan_matches_transformers(bundles):
 def test_qwen3_video_tokens_match_processor_replacement(bundles):
     bundle = bundles["qwen3_vl"]
     counter = Qwen3VLCounter.from_processor(bundle)
-    v = counter.video
+    v = counter.settings.video
     for frames, fps, width, height in VIDEOS:
         for sampling in SAMPLINGS:
             overrides = {

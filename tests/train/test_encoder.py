@@ -257,7 +257,9 @@ def test_video_path_plumbing_with_a_stand_in_processor(packed_example, encoder):
     videos = packed_example(media="videos")
     config = json.loads((videos.processor / "video_preprocessor_config.json").read_text())
     stand_in = _Qwen2VideoGrids(config)
-    layout = dataclasses.replace(encoder.media.layout, video_processor=stand_in, wants_second_per_grid_ts=True)
+    layout = encoder.media.layout
+    settings = dataclasses.replace(layout.settings, second_per_grid_ts=True)
+    layout = dataclasses.replace(layout, video_processor=stand_in, settings=settings)
     video_encoder = dataclasses.replace(encoder, media=dataclasses.replace(encoder.media, layout=layout))
     rows = tokenized_rows(videos.tokenized)
     for pack in _packs(videos.path):

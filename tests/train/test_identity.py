@@ -16,7 +16,9 @@ import pytest
 from click.testing import CliRunner
 from transformers import AutoConfig
 
-from families.registry import example_families, example_family, find_layout
+import families
+from families.processor import ProcessorBundle
+from families.registry import example_families, example_family, family_of_processor, find_layout
 from prep.example.model import write_tiny_model
 from train.cli import main
 from train.identity import IdentityMismatch, check_model_matches_data, expected_processors, load_processor_once
@@ -72,6 +74,19 @@ def test_same_class_other_settings_exits_2(images, tmp_path):
     assert "sha256" in result.output and "Qwen2VLProcessor" in result.output
 
 
+def _check_one_settings(bundle: ProcessorBundle, layout: object) -> None:
+    """The counter `prep tokenize` counted with and the layout hold one family settings object, equal."""
+    family = family_of_processor(bundle.processor_class)
+    assert family is not None
+    if not (Path(families.__file__).parent / family.name / "settings.py").is_file():
+        return  # a family whose faces share no setting
+    counter = family.counter_class().from_processor(bundle)
+    counter_settings, layout_settings = getattr(counter, "settings", None), getattr(layout, "settings", None)
+    assert type(counter_settings).__module__ == f"families.{family.name}.settings", type(counter_settings)
+    assert type(layout_settings) is type(counter_settings)
+    assert layout_settings == counter_settings
+
+
 @pytest.mark.parametrize("family", example_families())
 def test_every_example_pair_matches_and_a_swapped_token_id_does_not(family, tmp_path):
     spec = example_family(family)
@@ -82,7 +97,9 @@ def test_every_example_pair_matches_and_a_swapped_token_id_does_not(family, tmp_
     assert bundle.processor_class in expected_processors(config)
     layout_class = find_layout(bundle.processor_class)
     assert layout_class is not None, f"{bundle.processor_class}: no training layout"  # every family trains
-    ids = layout_class.from_bundle(bundle).mm_token_ids
+    layout = layout_class.from_bundle(bundle)
+    _check_one_settings(bundle, layout)
+    ids = layout.mm_token_ids
     check_model_matches_data(config, bundle, ids, family)
     field = next(f for f in ("image_token_id", "image_token_index") if getattr(config, f, None) is not None)
     setattr(config, field, getattr(config, field) + 1)

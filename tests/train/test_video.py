@@ -120,7 +120,7 @@ def test_pack_encoder_videos_equal_the_real_processor(packed_videos):
     processor = real_processor(processor_dir)
     encoder = PackEncoder.from_pretrained(str(processor_dir), str(processor_dir))
     assert encoder.media.layout.video_processor is not None
-    assert encoder.media.layout.wants_second_per_grid_ts == (family == "qwen2_5_vl")
+    assert encoder.media.layout.settings.second_per_grid_ts == (family == "qwen2_5_vl")
     kwargs = sampling_kwargs()
     checked, frame_counts = 0, set()
     for packed in packs:

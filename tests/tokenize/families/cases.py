@@ -465,7 +465,7 @@ def assert_qwen_grid_equals_image_processor(
             continue
         count = counter.count_image(width, height)
         assert [int(v) for v in out["image_grid_thw"][0]] == [count.grid_t, count.grid_h, count.grid_w], (width, height)
-        assert out["pixel_values"].shape[0] == count.num_tokens * counter.image.merge_size**2
+        assert out["pixel_values"].shape[0] == count.num_tokens * counter.settings.merge_size**2
         assert count.expansion == (counter.image_token_id,) * count.num_tokens
 
 

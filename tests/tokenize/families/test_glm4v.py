@@ -57,8 +57,9 @@ def test_load_processor_builds_the_real_processor_on_cpu(glm_bundles):
         assert type(bundle.image_processor).__name__.endswith("ImageProcessorPil")
         counter = find_counter(bundle.processor_class)(bundle)
         assert isinstance(counter, Glm4vCounter)
-        assert (counter.patch_size, counter.temporal_patch_size, counter.merge_size) == (14, 2, 2)
-        assert (counter.min_pixels, counter.max_pixels) == (12544, 9633792)
+        s = counter.settings
+        assert (s.patch_size, s.image_temporal_patch_size, s.merge_size) == (14, 2, 2)
+        assert (s.min_pixels, s.max_pixels) == (12544, 9633792)
         assert counter.image_token_id == bundle.processor.image_token_id
         assert counter.image_token_id == bundle.tokenizer.convert_tokens_to_ids("<|image|>")
 
@@ -177,7 +178,7 @@ def test_pixel_budget_counts_the_temporal_patch(glm_bundles):
         grid = ip(images=[Image.new("RGB", (width, height))], do_rescale=False, do_normalize=False)["image_grid_thw"]
         count = counter.count_image(width, height)
         assert (count.grid_h, count.grid_w) == tuple(int(v) for v in grid[0][1:])
-        assert 2 * count.grid_h * count.grid_w * 14 * 14 <= counter.max_pixels
+        assert 2 * count.grid_h * count.grid_w * 14 * 14 <= counter.settings.max_pixels
     assert counter.count_image(1920, 1080).num_tokens == 2691  # the module docstring's example
 
 

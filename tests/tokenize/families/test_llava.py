@@ -79,10 +79,11 @@ def test_load_builds_the_real_processors_and_reads_their_settings(bundles):
     assert type(nx.processor).__name__ == "LlavaNextProcessor"
     c_ov, c_nx = (find_counter(b.processor_class)(b) for b in (ov, nx))
     assert isinstance(c_ov, LlavaCounter) and isinstance(c_nx, LlavaCounter)
-    assert (c_ov.feature_rows, c_ov.base_features, c_ov.max_num_patches, c_ov.drop_one) == (27, 729, 9, False)
-    assert (c_ov.layout.cut, c_ov.layout.tile_height, len(c_ov.layout.pinpoints)) == (384, 384, 36)
-    assert (c_nx.feature_rows, c_nx.base_features, c_nx.max_num_patches, c_nx.drop_one) == (24, 577, None, True)
-    assert (c_nx.layout.cut, c_nx.layout.tile_height, len(c_nx.layout.pinpoints)) == (336, 336, 5)
+    s_ov, s_nx = c_ov.settings, c_nx.settings
+    assert (s_ov.feature_rows, s_ov.base_features, s_ov.max_num_patches, s_ov.drop_one) == (27, 729, 9, False)
+    assert (s_ov.tiles.cut, s_ov.tiles.tile_height, len(s_ov.tiles.pinpoints)) == (384, 384, 36)
+    assert (s_nx.feature_rows, s_nx.base_features, s_nx.max_num_patches, s_nx.drop_one) == (24, 577, None, True)
+    assert (s_nx.tiles.cut, s_nx.tiles.tile_height, len(s_nx.tiles.pinpoints)) == (336, 336, 5)
     assert c_ov.image_token_id == ov.tokenizer.convert_tokens_to_ids("<image>") == ov.processor.image_token_id
     assert c_nx.image_token_id == nx.tokenizer.convert_tokens_to_ids("<image>") == nx.processor.image_token_id
     # <image> is a special token: the expansion cannot merge with neighbouring text, ids are spliced
@@ -239,7 +240,7 @@ def test_property_tiles_and_tokens_equal_the_image_processor(bundles, checkpoint
     counter = LlavaCounter.from_processor(bundle)
     ip = bundle.image_processor
     rng = random.Random(11 if checkpoint == "llava_next" else 12)
-    tile = counter.layout.tile_height
+    tile = counter.settings.tiles.tile_height
     default = processor.vision_feature_select_strategy == "default"
     for width, height in _property_sizes(rng, 3000, 4000):
         expected = processor._get_number_of_features(height, width, tile, tile) - default

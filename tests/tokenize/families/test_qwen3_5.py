@@ -49,8 +49,8 @@ def test_qwen3_5_loads_as_qwen3_vl_processor_with_its_own_tokenizer(bundle, q35_
     assert type(bundle.image_processor).__name__ == "Qwen2VLImageProcessorPil"
     counter = find_counter(bundle.processor_class)(bundle)
     assert isinstance(counter, Qwen3VLCounter)
-    assert (counter.image.patch_size, counter.image.merge_size) == (16, 2)
-    assert (counter.image.min_pixels, counter.image.max_pixels) == (65536, 16777216)
+    assert (counter.settings.patch_size, counter.settings.merge_size) == (16, 2)
+    assert (counter.settings.min_pixels, counter.settings.max_pixels) == (65536, 16777216)
     assert counter.image_token_id == bundle.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     cases.assert_no_processor_image_kwargs(bundle)
 

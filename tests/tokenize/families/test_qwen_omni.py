@@ -50,8 +50,8 @@ def test_load_processor_builds_the_real_processor_on_cpu(omni_bundles):
         assert bundle.processor is not None, "real Omni processor not built (verification would be off)"
         counter = find_counter(bundle.processor_class)(bundle)
         assert isinstance(counter, QwenOmniCounter) and not counter.counts_video
-        assert (counter.image.patch_size, counter.image.merge_size) == (spec.patch_size, 2)
-        assert (counter.image.min_pixels, counter.image.max_pixels) == (3136, 12845056)
+        assert (counter.settings.patch_size, counter.settings.merge_size) == (spec.patch_size, 2)
+        assert (counter.settings.min_pixels, counter.settings.max_pixels) == (3136, 12845056)
         image_token = spec.named["image_token"]
         assert counter.image_token_id == bundle.tokenizer.convert_tokens_to_ids(image_token)
         assert bundle.processor.image_token == image_token
