@@ -25,15 +25,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from families.counter import MediaCount
+from families.counter import NO_VIDEO_TOKEN, MediaCount
 from families.kimi_k25.settings import KimiK25Settings
 from families.processor import ProcessorBundle
 from packvlm.sample_error import SampleError
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 from schemas.reasons import Reason
-
-NO_VIDEO_TOKEN = -1  # no token id is negative: the splice finds no video placeholder
 
 
 def navit_padded_size(height: int, width: int, settings: KimiK25Settings) -> tuple[int, int]:

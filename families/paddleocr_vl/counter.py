@@ -26,15 +26,13 @@ from typing import Any
 
 from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import smart_resize
 
-from families.counter import MediaCount, MediaRejected
+from families.counter import NO_VIDEO_TOKEN, MediaCount, MediaRejected
 from families.paddleocr_vl.settings import PaddleOCRVLSettings
 from families.processor import ProcessorBundle
 from packvlm.sample_error import SampleError
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 from schemas.reasons import Reason
-
-NO_VIDEO_TOKEN = -1  # no token id is negative: the splice finds no video placeholder
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
