@@ -103,10 +103,11 @@ def test_mistral3_pack_equals_bridge_packer(tmp_path):
         assert torch.equal(mine, theirs[key]), key
 
 
-def _forward_args(batch: dict[str, Any], model_class: type, monkeypatch, *, pp_rank: int = 0, pp_size: int = 1) -> dict:
+def _forward_args(batch: dict[str, Any], model_class: type, monkeypatch) -> dict:
     """What vlm_step.forward_step hands ``model(**forward_args)``, through Bridge's real functions.
 
-    The pipeline group is rank ``pp_rank`` of ``pp_size`` (0 of 1: first and last; 1 of 3: a middle stage).
+    One pipeline stage (first and last): without torch.distributed, megatron-core's stage checks
+    answer rank 0 of 1 whatever the group.
     """
     from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
     from megatron.bridge.training.vlm_step import _filter_visual_kwargs_for_model, get_batch
@@ -118,7 +119,7 @@ def _forward_args(batch: dict[str, Any], model_class: type, monkeypatch, *, pp_r
         return self
 
     monkeypatch.setattr(torch.Tensor, "cuda", cuda)
-    group = SimpleNamespace(pp=SimpleNamespace(rank=lambda: pp_rank, size=lambda: pp_size))
+    group = SimpleNamespace(pp=None)
     tokens, labels, loss_mask, attention_mask, position_ids, packed, visual = get_batch(
         iter([batch]), SimpleNamespace(dataset=SimpleNamespace()), pg_collection=group
     )
@@ -154,8 +155,13 @@ def test_vlm_step_hands_the_model_our_batch(monkeypatch):
     assert params.qkv_format == "thd" and params.max_seqlen_q == params.max_seqlen_kv == 4
     assert params.cu_seqlens_q.tolist() == [0, 3, 5] and params.cu_seqlens_kv_padded.tolist() == [0, 4, 8]
     # a middle pipeline stage: no payloads, no labels; grids stay for mRoPE
-    middle = _forward_args(bridge_batch(batch), Qwen25VLModel, monkeypatch, pp_rank=1, pp_size=3)
-    assert middle["labels"] is None and "pixel_values" not in middle and "image_grid_thw" in middle
+    from megatron.bridge.training.vlm_step import get_batch_from_iterator
+
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, non_blocking=False: self)
+    middle = get_batch_from_iterator(iter([bridge_batch(batch)]), is_first_pp_stage=False, is_last_pp_stage=False)
+    assert middle["labels"] is None and middle["loss_mask"] is None
+    fields = middle["visual_inputs"].normalized_for_model()
+    assert "pixel_values" not in fields and torch.equal(fields["image_grid_thw"], vision["image_grid_thw"])
 
 
 def test_vlm_step_keeps_ministral3_image_sizes(monkeypatch):
