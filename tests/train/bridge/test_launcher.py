@@ -454,7 +454,6 @@ def test_tiny_bridge_model_packed_losses_equal_each_sample_alone(example, monkey
             worst = max(worst, float((alone - packed[:, start:end])[mask].abs().max()))
         assert all(s.next_item == len(s.items) for s in splitters)  # every item went to one sample
         assert media >= 2
-        print(f"TINY {example.family} worst {worst} media {media} samples {len(cu) - 1}")
         assert worst <= 1e-5
     finally:
         parallel_state.destroy_model_parallel()
