@@ -27,6 +27,7 @@ import torch
 
 from prep.run import LOCAL
 
+pytestmark = pytest.mark.torchvision  # CI runs it in its Python 3.12 environment (.ci/py312-tests)
 pytest.importorskip("torchvision")
 av = pytest.importorskip("av")
 

@@ -45,15 +45,24 @@ CHECKPOINTS = "checkpoints"
 HF_EXPORT = "hf"
 PATH = click.Path(path_type=Path)
 
-#: Bridge model classes that do not cut the row per context-parallel rank after the vision merge.
-#: Source: megatron-bridge 0.6.2 (= branch r0.6.0 at 6124fbe for these files),
+#: Bridge model providers whose model cannot train at context-parallel size > 1: where, and why.
+#: Source: megatron-bridge 0.6.2 (= branch r0.6.0 at 6124fbe for these files).
 #: ``models/qwen_vl/modeling_qwen25_vl.py`` and ``models/glm_vl/modeling_glm_45v.py``: ``forward``
 #: hands the whole row (embeddings, labels, recomputed mRoPE) to the language model. A row cut on
 #: our side cannot work either: the model merges every image of the row and recomputes the mRoPE
 #: index from the whole ``input_ids``, so it must see the whole row.
+#: ``models/gemma_vl/gemma3_vl_provider.py``: ``provide`` raises for CP != 1 (its model passes a
+#: whole-row attention bias, causal plus bidirectional image blocks, that it cannot slice per rank).
+_WHOLE_ROW = (
+    "does not cut the row per context-parallel rank (it merges the images and computes mRoPE over the whole row)"
+)
 NO_CONTEXT_PARALLEL = {
-    "Qwen25VLModelProvider": "Qwen25VLModel.forward (models/qwen_vl/modeling_qwen25_vl.py)",
-    "GLM45VModelProvider": "GLM45VModel.forward (models/glm_vl/modeling_glm_45v.py)",
+    "Qwen25VLModelProvider": ("Qwen25VLModel.forward (models/qwen_vl/modeling_qwen25_vl.py)", _WHOLE_ROW),
+    "GLM45VModelProvider": ("GLM45VModel.forward (models/glm_vl/modeling_glm_45v.py)", _WHOLE_ROW),
+    "Gemma3VLModelProvider": (
+        "Gemma3VLModelProvider.provide (models/gemma_vl/gemma3_vl_provider.py)",
+        "refuses it (Gemma3VLModel's attention bias, causal plus bidirectional image blocks, covers the whole row)",
+    ),
 }
 
 
@@ -267,13 +276,13 @@ def context_parallel_problem(model_provider: Any, cp_size: int) -> str | None:
     """Why the recipe's model cannot train at context-parallel ``cp_size``; None if it can."""
     if cp_size == 1:
         return None
-    where = NO_CONTEXT_PARALLEL.get(type(model_provider).__name__)
-    if where is None:
+    known = NO_CONTEXT_PARALLEL.get(type(model_provider).__name__)
+    if known is None:
         return None
+    where, why = known
     return (
-        f"--context-parallel {cp_size}: Megatron-Bridge's {where} does not cut the row per context-parallel rank "
-        "(it merges the images and computes mRoPE over the whole row), so every rank would train the whole row; "
-        "run with --context-parallel 1 (use --tensor-parallel / --pipeline-parallel for memory)"
+        f"--context-parallel {cp_size}: Megatron-Bridge's {where} {why}, so it cannot train at context-parallel "
+        "size > 1; run with --context-parallel 1 (use --tensor-parallel / --pipeline-parallel for memory)"
     )
 
 

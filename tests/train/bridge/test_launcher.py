@@ -1,9 +1,10 @@
-"""`train megatron` against Megatron-Bridge's real code (0.6.2, CPU): config, data, batch, finetune.
+"""`train megatron` against Megatron-Bridge's real code (0.6.2, CPU): config, data, batch, model, finetune.
 
 Runs in the Python 3.12 environment of ``.ci/bridge-env`` (Bridge installed ``--no-deps`` plus
 the import-only stand-ins of `tests.train.bridge.standins`); skips where ``megatron.bridge`` is not
-installed. Data: the example (family qwen2_5_vl) tokenized, packed (pack size 1024) and indexed;
-its ``model/`` config is the ``--hf-model`` (no weights: the config build reads only the config).
+installed. For each family with a Bridge VLM recipe we test (Qwen2.5-VL, Ministral 3, Gemma 3), the
+data is the family's example tokenized, packed (pack size 1024) and indexed; its ``model/`` config
+is the ``--hf-model`` (no weights: the config build reads only the config).
 
 Truths: Bridge's own ``runtime_config_update`` (what ``finetune`` runs first: mixed precision,
 data-parallel size, ``ConfigContainer.validate``); the packs read back through Energon with our
@@ -38,22 +39,32 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
-RECIPE = "qwen25_vl_3b_sft_config"
+#: example family -> (Bridge recipe, its model provider class)
+FAMILIES = {
+    "qwen2_5_vl": ("qwen25_vl_3b_sft_config", "Qwen25VLModelProvider"),
+    "mistral3": ("ministral3_3b_sft_config", "Ministral3ModelProvider"),
+    "gemma3": ("gemma3_vl_4b_sft_config", "Gemma3VLModelProvider"),
+}
 PACK_SIZE = 1024
 TRAIN_ITERS = 4
 
 
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """The qwen2_5_vl example, tokenized, packed and indexed: what `prep` writes for `train megatron`."""
+def example(family: str, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """The family's example, tokenized, packed and indexed: what `prep` writes for `train megatron`."""
     from prep.energon.index import index_dataset
     from prep.example.dataset import write_example_dataset
     from prep.run import LOCAL
     from prep.tokenize.stage import TokenizeConfig, run_tokenize
     from tests.shards.oracles import pack
 
-    root = tmp_path_factory.mktemp("bridge_example")
-    config = write_example_dataset(root, num_samples=8, seed=0, with_bad_rows=False, family="qwen2_5_vl")
+    root = tmp_path_factory.mktemp(f"bridge_{family}")
+    config = write_example_dataset(root, num_samples=8, seed=0, with_bad_rows=False, family=family)
     tokenized, packed = root / "tok", root / "packed"
     run_tokenize(
         TokenizeConfig(
@@ -63,18 +74,28 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
             datasets=("chat",),
             executor=LOCAL,
             rows_per_chunk=16,
+            max_error_rate=0.5,  # image-only processors (Pixtral, Gemma 3) refuse the example's video rows
         )
     )
     pack([tokenized], packed, pack_size=PACK_SIZE, shard_size="3packs", pad_to_multiple_of=1)
     index_dataset(packed)
-    return SimpleNamespace(root=root, packed=packed, processor=root / "processor", model=root / "model")
+    recipe, provider = FAMILIES[family]
+    return SimpleNamespace(
+        family=family,
+        recipe=recipe,
+        provider=provider,
+        root=root,
+        packed=packed,
+        processor=root / "processor",
+        model=root / "model",
+    )
 
 
 def _train_config(example: SimpleNamespace, output: Path, **overrides: Any) -> Any:
     from train.recipes.megatron import MegatronTrainConfig
 
     options = dict(
-        recipe=RECIPE,
+        recipe=example.recipe,
         hf_model=str(example.model),
         processor=str(example.processor),
         data=example.packed,
@@ -132,7 +153,7 @@ def test_config_passes_bridge_validation(built, example):
 
     from train.bridge_data import PackedDatasetConfig
 
-    assert type(built.model).__name__ == "Qwen25VLModelProvider"
+    assert type(built.model).__name__ == example.provider
     text = json.loads((example.model / "config.json").read_text())["text_config"]
     assert built.model.hidden_size == text["hidden_size"]  # --hf-model read in place of the recipe's hub id
     assert built.model.num_layers == text["num_hidden_layers"]
@@ -160,8 +181,25 @@ def test_unknown_recipe_names_close_ones(example, tmp_path):
     from packvlm.errors import UsageError
     from train.recipes.megatron import build_config
 
-    with pytest.raises(UsageError, match="qwen25_vl_3b_sft_config"):
-        build_config(_train_config(example, tmp_path, recipe="qwen25_vl_3b_typo_config"))
+    typo = example.recipe.replace("_sft_", "_typo_")
+    with pytest.raises(UsageError, match=example.recipe):
+        build_config(_train_config(example, tmp_path, recipe=typo))
+
+
+def test_context_parallel_refused_where_bridge_cannot(built, example):
+    """On the recipe's real provider: Qwen2.5-VL cuts no row per CP rank, Gemma 3 VL's provider refuses CP."""
+    from train.recipes.megatron import context_parallel_problem
+
+    problem = context_parallel_problem(built.model, 2)
+    if example.family == "mistral3":
+        assert problem is None  # Ministral3Model slices the merged row per CP rank
+    else:
+        assert problem is not None and problem.startswith("--context-parallel 2: Megatron-Bridge's ")
+    if example.family == "gemma3":  # the refusal we name is Bridge's own, at provide()
+        built.model.context_parallel_size = 2
+        with pytest.raises(ValueError, match="does not support context parallelism"):
+            built.model.provide()
+        built.model.context_parallel_size = 1
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +224,21 @@ def test_bridge_dataset_build_yields_our_batches(bridge_batches, example):
     assert any(batch["visual_inputs"] is not None for batch in bridge_batches)
 
 
-def test_bridge_get_batch_and_packed_seq_params(bridge_batches, built, monkeypatch):
+def _image_token_id(provider: Any) -> int:
+    return int(provider.image_token_id)
+
+
+def _image_tokens(family: str, fields: dict[str, torch.Tensor], provider: Any) -> list[int]:
+    """Image placeholder tokens per image, from the pixel fields alone (the family's own arithmetic)."""
+    if family == "qwen2_5_vl":  # one token per 2x2 merged patch of the grid
+        return [int(g.prod()) // 4 for g in fields.get("image_grid_thw", [])]
+    if family == "mistral3":  # Pixtral: one [IMG] per (patch x spatial merge) square of the resized image
+        side = provider.hf_config.vision_config.patch_size * provider.hf_config.spatial_merge_size
+        return [-(-int(h) // side) * -(-int(w) // side) for h, w in fields["image_sizes"]]
+    return [provider.mm_tokens_per_image] * fields["pixel_values"].shape[0]  # Gemma 3: fixed soft tokens
+
+
+def test_bridge_get_batch_and_packed_seq_params(bridge_batches, built, example, monkeypatch):
     """Bridge's vlm_step.get_batch (through get_batch_from_iterator) and get_packed_seq_params, real code.
 
     ``Tensor.cuda`` is an identity here, as in Bridge's own CPU unit tests.
@@ -203,7 +255,8 @@ def test_bridge_get_batch_and_packed_seq_params(bridge_batches, built, monkeypat
         assert torch.equal(tokens, batch["input_ids"]) and torch.equal(labels, batch["labels"])
         assert torch.equal(loss_mask, batch["loss_mask"]) and torch.equal(position_ids, batch["position_ids"])
         assert attention_mask is None
-        assert position_ids.shape == (3, 1, tokens.shape[1])  # Qwen-VL mRoPE rows
+        rope_rows = (3, 1) if example.family == "qwen2_5_vl" else (1,)  # Qwen-VL mRoPE rows; 1-D rope
+        assert position_ids.shape == (*rope_rows, tokens.shape[1])
         params = get_packed_seq_params(packed)
         assert params.qkv_format == "thd"
         cu = batch["cu_seqlens_q"].reshape(-1).to(torch.int32)
@@ -214,7 +267,8 @@ def test_bridge_get_batch_and_packed_seq_params(bridge_batches, built, monkeypat
         assert params.max_seqlen_q == int(lengths.max())
         if visual is not None:
             fields = visual.normalized_for_model()
-            assert fields["pixel_values"].shape[0] == int(fields["image_grid_thw"].prod(dim=1).sum())
+            image_tokens = int((tokens == _image_token_id(built.model)).sum())
+            assert image_tokens == sum(_image_tokens(example.family, fields, built.model))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU stop; with CUDA finetune would train")
@@ -261,34 +315,69 @@ class PerSampleAttention(torch.nn.Module):
         return out
 
 
-def _media_splitter(visual: dict[str, torch.Tensor], token_id: int, pixels: str, grids: str, extra: str | None = None):
-    """Hands each sample, in row order, its own media rows (pixel rows = t*h*w, tokens = t*h*w/4)."""
-    remaining = list(visual.get(grids, torch.zeros(0, 3, dtype=torch.long)))
-    state = {"row": 0, "count": 0}
+class _MediaSplitter:
+    """Hands each sample, in row order, its own media: the items (images or videos) whose placeholder
+    tokens it holds. ``tokens_of(item)`` counts an item's placeholders; ``rows_of(item)`` its rows of
+    ``row_keys`` fields (pixel rows concatenated over the row); ``item_keys`` fields have one entry per item.
+    """
 
-    def take(ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        tokens, mine = int((ids == token_id).sum()), []
+    def __init__(self, visual, token_id, items_key, tokens_of, rows_of=None, row_keys=(), item_keys=()) -> None:
+        self.visual, self.token_id = visual, token_id
+        self.items = list(visual[items_key]) if items_key in visual else []
+        self.tokens_of, self.rows_of, self.row_keys, self.item_keys = tokens_of, rows_of, row_keys, item_keys
+        self.next_item, self.next_row = 0, 0
+
+    def take(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        tokens, first = int((ids == self.token_id).sum()), self.next_item
         while tokens > 0:
-            mine.append(remaining.pop(0))
-            tokens -= int(mine[-1].prod()) // 4
+            tokens -= self.tokens_of(self.items[self.next_item])
+            self.next_item += 1
+        assert tokens == 0, "a sample's placeholders are not whole items"
+        mine = self.items[first : self.next_item]
         if not mine:
             return {}
-        rows = sum(int(g.prod()) for g in mine)
-        out = {pixels: visual[pixels][state["row"] : state["row"] + rows], grids: torch.stack(mine)}
-        if extra is not None:
-            out[extra] = visual[extra][state["count"] : state["count"] + len(mine)]
-        state["row"] += rows
-        state["count"] += len(mine)
+        out = {key: self.visual[key][first : self.next_item] for key in self.item_keys}
+        if self.rows_of is not None:
+            rows = sum(self.rows_of(item) for item in mine)
+            out.update({key: self.visual[key][self.next_row : self.next_row + rows] for key in self.row_keys})
+            self.next_row += rows
         return out
 
-    return take
+
+def _splitters(family: str, visual: dict[str, torch.Tensor], provider: Any) -> list[_MediaSplitter]:
+    if family == "qwen2_5_vl":  # pixel rows = t*h*w patches, tokens = t*h*w/4 (2x2 merge)
+        rows, tokens = (lambda g: int(g.prod())), (lambda g: int(g.prod()) // 4)
+        return [
+            _MediaSplitter(visual, provider.image_token_id, "image_grid_thw", tokens, rows,
+                           ("pixel_values",), ("image_grid_thw",)),
+            _MediaSplitter(visual, provider.video_token_id, "video_grid_thw", tokens, rows,
+                           ("pixel_values_videos",), ("video_grid_thw", "second_per_grid_ts")),
+        ]  # fmt: skip
+    side = provider.hf_config.vision_config.patch_size * provider.hf_config.spatial_merge_size
+    return [  # mistral3: one padded image per pixel_values entry, its true size in image_sizes
+        _MediaSplitter(visual, provider.image_token_id, "image_sizes",
+                       lambda s: -(-int(s[0]) // side) * -(-int(s[1]) // side),
+                       item_keys=("pixel_values", "image_sizes")),
+    ]  # fmt: skip
 
 
-def test_tiny_bridge_qwen25_vl_packed_losses_equal_each_sample_alone(example, monkeypatch):
-    """Bridge's Qwen25VLModel (non-TE layer spec, from the example's HF config through AutoBridge) on a
-    packed row (images, a video, text) against each sample alone: per-token losses equal to 1e-5.
+def _configure_tiny_provider(family: str, provider: Any, example: SimpleNamespace) -> None:
+    """What the converter leaves for the full-size checkpoints, set from the tiny config."""
+    if family == "qwen2_5_vl":
+        text = json.loads((example.model / "config.json").read_text())["text_config"]
+        provider.mrope_section = text["rope_parameters"]["mrope_section"]  # the converter writes 7B's [16, 24, 24]
 
-    fp32 losses ~8 over a 2-layer, width-64 model: the two attention kernels differ by rounding
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "mistral3"], scope="module")
+def test_tiny_bridge_model_packed_losses_equal_each_sample_alone(example, monkeypatch):
+    """Bridge's model of the family (non-TE layer spec, from the example's HF config through AutoBridge)
+    on a packed row against each sample alone: per-token losses equal to 1e-5.
+
+    Qwen2.5-VL: ``Qwen25VLModel`` (images, a video, text; mRoPE recomputed per sample by Bridge).
+    Ministral 3: ``Ministral3Model`` (Pixtral images with their ``image_sizes``, 1-D rope).
+    Gemma 3 is not here: Bridge 0.6.2 has no non-TE layer spec for it (docs/megatron-bridge.md).
+
+    fp32 losses ~6-8 over a 2-layer, width-64 model: the two attention kernels differ by rounding
     (~1e-7 relative), far below 1e-5; a row whose attention leaks across samples moves by ~0.1.
     """
     import contextlib
@@ -317,8 +406,8 @@ def test_tiny_bridge_qwen25_vl_packed_losses_equal_each_sample_alone(example, mo
         parallel_state.initialize_model_parallel()
         torch.manual_seed(0)
         provider = AutoBridge.from_hf_pretrained(str(example.model)).to_megatron_provider(load_weights=False)
-        text = json.loads((example.model / "config.json").read_text())["text_config"]
-        provider.mrope_section = text["rope_parameters"]["mrope_section"]  # the converter writes 7B's [16, 24, 24]
+        assert type(provider).__name__ == example.provider
+        _configure_tiny_provider(example.family, provider, example)
         provider.transformer_layer_spec = local_layer_spec
         provider.use_cpu_initialization = True
         provider.params_dtype, provider.bf16, provider.fp16 = torch.float32, False, False
@@ -330,47 +419,40 @@ def test_tiny_bridge_qwen25_vl_packed_losses_equal_each_sample_alone(example, mo
             attention.append(PerSampleAttention(layer.self_attention.core_attention))
             layer.self_attention.core_attention = attention[-1]
 
+        def losses(**inputs: Any) -> torch.Tensor:
+            with torch.no_grad():
+                out = model(attention_mask=None, **inputs)
+            return out[0] if isinstance(out, tuple) else out  # Ministral3Model: (losses, loss_mask)
+
         batches = _reference_batches(example)
-        batch = max(batches, key=lambda b: b["cu_seqlens_q"].numel())
+        batch = max(batches, key=lambda b: (b["visual_inputs"] is not None, b["cu_seqlens_q"].numel()))
         cu = batch["cu_seqlens_q"].reshape(-1).tolist()
         assert len(cu) - 1 >= 3 and batch["visual_inputs"] is not None
         visual = _filter_visual_kwargs_for_model(model, batch["visual_inputs"].normalized_for_model())
-        assert {"pixel_values", "pixel_values_videos"} <= visual.keys()
         params = get_packed_seq_params(
             {k: batch[k] for k in ("cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv")}
         )
-        common = dict(attention_mask=None, labels=batch["labels"], loss_mask=batch["loss_mask"])
-        with torch.no_grad():
-            packed = model(
-                input_ids=batch["input_ids"],
-                position_ids=batch["position_ids"],
-                packed_seq_params=params,
-                **common,
-                **visual,
-            )
+        common = dict(labels=batch["labels"], loss_mask=batch["loss_mask"])
+        packed = losses(input_ids=batch["input_ids"], position_ids=batch["position_ids"], packed_seq_params=params,
+                        **common, **visual)  # fmt: skip
         assert [a.calls for a in attention] == [[len(cu) - 1]] * len(attention)
-        config = provider
-        images = _media_splitter(visual, config.image_token_id, "pixel_values", "image_grid_thw")
-        videos = _media_splitter(
-            visual, config.video_token_id, "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"
-        )
+        splitters = _splitters(example.family, visual, provider)
         worst, media = 0.0, 0
         for start, end in zip(cu[:-1], cu[1:]):
             ids = batch["input_ids"][:, start:end]
-            own = {**images(ids), **videos(ids)}
+            own = {k: v for splitter in splitters for k, v in splitter.take(ids).items()}
             media += bool(own)
-            with torch.no_grad():
-                alone = model(
-                    input_ids=ids,
-                    position_ids=batch["position_ids"][:, :, start:end],
-                    attention_mask=None,
-                    labels=batch["labels"][:, start:end],
-                    loss_mask=batch["loss_mask"][:, start:end],
-                    **own,
-                )
+            alone = losses(
+                input_ids=ids,
+                position_ids=batch["position_ids"][..., start:end],
+                labels=batch["labels"][:, start:end],
+                loss_mask=batch["loss_mask"][:, start:end],
+                **own,
+            )
             mask = batch["loss_mask"][:, start:end] > 0
             assert mask.any()
             worst = max(worst, float((alone - packed[:, start:end])[mask].abs().max()))
+        assert all(s.next_item == len(s.items) for s in splitters)  # every item went to one sample
         assert media >= 2
         assert worst <= 1e-5
     finally:
