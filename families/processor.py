@@ -151,6 +151,29 @@ def _check_hub_reachable(path: str) -> None:
         ) from exc
 
 
+def load_processor_once(path: str) -> ProcessorBundle:
+    """:func:`load_processor`, once per process for the same files (loading takes seconds).
+
+    `prep tokenize`'s up-front check and its in-process workers, and `train`'s dataset check and
+    encoder, share one bundle. Keyed by the directory's file names, sizes and mtimes, so a
+    processor rewritten in place between two runs of one process loads anew.
+    """
+    return _load_processor_cached(path, _files_stamp(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_processor_cached(path: str, stamp: tuple[tuple[str, int, int], ...]) -> ProcessorBundle:
+    return load_processor(path)
+
+
+def _files_stamp(path: str) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime) of a local directory's files; empty for a hub id."""
+    root = Path(path)
+    if not root.is_dir():
+        return ()
+    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in root.iterdir() if f.is_file()))
+
+
 def load_processor(path: str) -> ProcessorBundle:
     """Load a processor by local path or hub id; fall back to pieces when torchvision is missing."""
     _check_hub_reachable(path)

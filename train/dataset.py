@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from families.processor import ProcessorBundle
+from families.processor import ProcessorBundle, load_processor_once
 from families.registry import find_layout
 from packvlm.errors import UsageError
 from schemas.energon import (
@@ -57,7 +57,6 @@ from train.identity import (
     check_model_matches_data,
     check_processor_identity,
     load_model_config,
-    load_processor_once,
 )
 from train.media import MediaProcessor, PackEncodeError, video_package_missing
 from train.preflight import first_video

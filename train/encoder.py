@@ -30,10 +30,11 @@ import torch
 from megatron.energon import stateless
 
 from families.layout import IMAGE, Join
+from families.processor import load_processor_once
 from packvlm.energon import PackedSample, PackedTaskEncoder
 from schemas.packed import LoadedPack
 from train.batch import IGNORE_INDEX, PackedBatch, concat_batches
-from train.identity import ModelConfigSource, load_model_config, load_processor_once
+from train.identity import ModelConfigSource, load_model_config
 from train.image_blocks import empty_spans, image_block_spans
 from train.media import DEFAULT_PIXEL_WIRE, MediaProcessor, PackEncodeError, PixelWire
 from train.rope import RopeIndex

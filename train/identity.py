@@ -16,20 +16,19 @@ Three mismatches used to surface only as a crash (or worse, silence) deep inside
    ``video_token_id`` / ``video_token_index``, and every token id must be inside the model's
    vocabulary.
 
-The processor is loaded once per process (`load_processor_once`): the dataset check and the
-loader's encoder share it.
+The processor is loaded once per process (`families.processor.load_processor_once`): the dataset
+check and the loader's encoder share it.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
 from families.layout import IMAGE, VIDEO
-from families.processor import ProcessorBundle, load_processor
+from families.processor import ProcessorBundle
 from packvlm.errors import UsageError
 from schemas.manifest import ProcessorIdentity
 
@@ -60,12 +59,6 @@ def load_model_config(model_config: ModelConfigSource) -> PretrainedConfig:
 
 class IdentityMismatch(UsageError, ValueError):
     """Model, processor and shards do not belong together; the message names both sides."""
-
-
-@functools.cache
-def load_processor_once(path: str) -> ProcessorBundle:
-    """`families.processor.load_processor`, once per process and path."""
-    return load_processor(path)
 
 
 def check_processor_identity(bundle: ProcessorBundle, recorded: Iterable[ProcessorIdentity], data: str) -> None:

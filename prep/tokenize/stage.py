@@ -89,14 +89,14 @@ class TokenizeWorker:
     """Built once per process/actor from JSON-safe kwargs; tokenizes whole chunks into parts."""
 
     def __init__(self, config_json: str, specs_json: str) -> None:
-        from families.processor import load_processor
+        from families.processor import load_processor_once
         from prep.tokenize.core import SampleTokenizer
 
         config = json.loads(config_json)
         self.out = Path(config["output_dir"])
         self.specs = {s["name"]: _spec_from_json(s) for s in json.loads(specs_json)}
         self.tokenizer = SampleTokenizer(
-            load_processor(config["processor"]),
+            load_processor_once(config["processor"]),  # in-process: the bundle the up-front check loaded
             max_length=config["max_length"],
             max_image_pixels=int(config["max_image_pixels"]),
             media_roots=tuple(config["media_roots"]),
@@ -274,11 +274,11 @@ def check_error_budget(manifest: TokenizeManifest, max_error_rate: float, out: P
 
 def _processor_identity(path: str) -> ProcessorIdentity:
     """Load the processor once here, so a wrong ``--processor`` is one message before any output."""
-    from families.processor import ProcessorLoadError, load_processor
+    from families.processor import ProcessorLoadError, load_processor_once
     from families.registry import counter_image_attention
 
     try:
-        raw = load_processor(path).identity()
+        raw = load_processor_once(path).identity()
     except ProcessorLoadError:
         raise
     except (OSError, ValueError) as exc:  # hub ids that do not exist, unreachable hub, broken files

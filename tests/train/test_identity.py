@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from transformers import AutoConfig
 
 import families
-from families.processor import ProcessorBundle
+from families.processor import ProcessorBundle, load_processor_once
 from families.registry import example_families, example_family, family_of_processor, find_layout
 from prep.example.model import write_tiny_model
 from train.cli import main
-from train.identity import IdentityMismatch, check_model_matches_data, expected_processors, load_processor_once
+from train.identity import IdentityMismatch, check_model_matches_data, expected_processors
 
 
 def _hf(data: Path, model: Path, processor: Path, out: Path):
