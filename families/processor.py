@@ -292,11 +292,13 @@ def _image_only_processor(
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
-    # the video slot exists from transformers 5.13 on for some classes (Idefics3): fill it only where it does
-    video_slot = {"video_processor": None} if "video_processor" in inspect.signature(cls.__init__).parameters else {}
+    # the video slot exists from transformers 5.13 on for some classes (Idefics3), the audio slot is a
+    # required argument of some (Gemma4Processor): fill each only where the class has it
+    parameters = inspect.signature(cls.__init__).parameters
+    empty_slots = {name: None for name in ("video_processor", "feature_extractor") if name in parameters}
     try:
         return ImageOnly(
-            image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **video_slot, **settings
+            image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **empty_slots, **settings
         )
     except (TypeError, ValueError, ImportError) as exc:
         log.warning("cannot build %s without a video processor (%s); verification is off", cls_name, exc)
