@@ -227,7 +227,7 @@ class MediaProcessor:
                 "packvlm cannot build this family's vision inputs"
             )
         layout: Any = layout_class.from_bundle(bundle)
-        if pixels == "float32":
+        if pixels == "float32" or not layout.pixel_kwargs:  # a layout without RAW_PIXELS ships floats (Gemma 4)
             return cls(layout=replace(layout, pixel_kwargs={}), table=None)
         table = normalization_table(bundle.image_processor, getattr(layout, "images_kwargs", None))
         media = cls(layout=layout, table=table)

@@ -218,8 +218,9 @@ def build_gemma4_processor_dir(out: Path) -> Path:
     return out
 
 
-# One local (sliding-window) and one global layer, as the checkpoints interleave them 5:1; a window
-# of 16 tokens so that it matters inside short test samples (the checkpoints: 1024 / 512).
+# One local (sliding-window) layer, then two global ones: the checkpoints interleave them 5:1 and end
+# global; a global layer before the last one is where image tokens' (causal) outputs still reach the
+# loss. A window of 16 tokens so that it matters inside short test samples (the checkpoints: 1024 / 512).
 SLIDING_WINDOW = 16
 VISION_HIDDEN = 32
 
@@ -241,7 +242,8 @@ def gemma4_model_config(facts: ProcessorFacts) -> PretrainedConfig:
         global_head_dim=2 * HEAD_DIM,
         num_global_key_value_heads=1,
         attention_k_eq_v=True,
-        layer_types=["sliding_attention", "full_attention"],
+        num_hidden_layers=3,
+        layer_types=["sliding_attention", "full_attention", "full_attention"],
         sliding_window=SLIDING_WINDOW,
         use_bidirectional_attention="vision",
         hidden_size_per_layer_input=0,
