@@ -155,6 +155,25 @@ def test_sample_tokenizer_equals_the_processor(bundle, media, tmp_path):
     assert len(counts) >= 8  # variable resolution: many different counts
 
 
+def test_thought_channels_are_stripped_and_never_trained(bundle, media, tmp_path):
+    """Gemma 4's template drops ``<|channel>...<channel|>`` from model text (``strip_thinking``): the
+    stored ids equal the processor's and the mask covers the visible replies and ``<turn|>\\n`` only."""
+    record = {
+        "messages": [
+            {"role": "system", "content": "Look:"},
+            {"role": "user", "content": "<image>What is it?"},
+            {"role": "assistant", "content": "<|channel>thought\nA small picture.<channel|>A cat."},
+            {"role": "user", "content": "Sure?"},
+            {"role": "assistant", "content": "<|channel>thought\nCheck.<channel|>Yes."},
+        ],
+        "images": [media.file("odd")],
+    }
+    _, spec = cases.sharegpt_dataset(tmp_path, media.root, [record])
+    sample = cases.assert_ids_equal_processor(SampleTokenizer(bundle), to_conversation(record, spec))
+    cases.assert_loss_mask(bundle, sample, "A cat.<turn|>\nYes.<turn|>\n", _ids(bundle, BOI, EOI, IMAGE_SOFT))
+    assert "thought" not in bundle.tokenizer.decode(sample.input_ids)
+
+
 def test_video_is_an_unsupported_media_error(bundle):
     err = cases.assert_video_unsupported(find_counter("Gemma4Processor")(bundle))
     assert "not counted in closed form" in str(err)
