@@ -373,23 +373,26 @@ def _image_only_processor(
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
-    # the video slot exists from transformers 5.13 on for some classes (Idefics3): fill it only where it does
-    has_video_slot = "video_processor" in inspect.signature(cls.__init__).parameters
-    video_slot: dict[str, Any] = {"video_processor": None} if has_video_slot else {}
+    # the video slot exists from transformers 5.13 on for some classes (Idefics3), the audio slot is a
+    # required argument of some (Gemma4Processor): fill each only where the class has it
+    parameters = inspect.signature(cls.__init__).parameters
+    empty_slots: dict[str, Any] = {
+        name: None for name in ("video_processor", "feature_extractor") if name in parameters
+    }
     try:
         try:
             return ImageOnly(
-                image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **video_slot, **settings
+                image_processor=image_processor, tokenizer=tokenizer, chat_template=template, **empty_slots, **settings
             )
         except AttributeError:
-            if not has_video_slot or not video_config:
+            if "video_processor" not in parameters or not video_config:
                 raise
             stand_in = _VideoSettingsOnly(video_config)
             processor = ImageOnly(
                 image_processor=image_processor,
                 tokenizer=tokenizer,
                 chat_template=template,
-                video_processor=stand_in,
+                **{**empty_slots, "video_processor": stand_in},
                 **settings,
             )
             processor.video_processor = None

@@ -106,6 +106,13 @@ FAMILIES: tuple[Family, ...] = (
         examples=("gemma3",),
     ),
     Family(
+        name="gemma4",
+        processor_classes=("Gemma4Processor",),
+        counter="Gemma4Counter",
+        layout="Gemma4Layout",
+        examples=("gemma4",),
+    ),
+    Family(
         name="pixtral",
         processor_classes=("PixtralProcessor", "Mistral3Processor"),
         counter="PixtralCounter",

@@ -254,6 +254,7 @@ def packed_attention_forward(
     """
     cu = cu_seq_lens_q if cu_seq_lens_q is not None else _boundaries_from_positions(position_ids, query.shape[0])
     rule: ImageBlockRule | None = kwargs.pop(IMAGE_BLOCKS_KWARG, None)
+    rule = None if rule is None else rule.for_layer(sliding_window)  # Gemma 4: blocks on sliding layers only
     if attention_mask is not None or cu is None:
         # Unpacked: a padded batch with transformers' mask, one sequence per row, a vision
         # tower's per-image call, or cached decoding. transformers' SDPA handles all of them.

@@ -44,6 +44,18 @@ from torch.nn import functional as F
 
 #: keyword argument of the model call that carries a row's `ImageBlockRule` to the attention function
 IMAGE_BLOCKS_KWARG = "packed_image_blocks"
+#: model types whose image blocks hold on sliding-window layers only, and only where the text config
+#: says ``use_bidirectional_attention: "vision"`` (Gemma 4's ``create_masks_for_vision_model``: full
+#: layers causal; without the setting every layer is causal)
+SLIDING_ONLY_BLOCKS = frozenset({"gemma4"})
+
+
+def image_block_layers(config: Any) -> str:
+    """Which attention layers apply a row's image blocks: "all" (Gemma 3), "sliding" or "none" (Gemma 4)."""
+    if getattr(config, "model_type", None) not in SLIDING_ONLY_BLOCKS:
+        return "all"
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return "sliding" if getattr(text, "use_bidirectional_attention", None) == "vision" else "none"
 
 
 def allowed(
@@ -98,11 +110,19 @@ class ImageBlockRule:
     slots: torch.Tensor  # int64 [T]
     blocks: torch.Tensor  # int64 [T], -1 on text
     compile: bool = True  # compile create_block_mask / flex_attention (off only to test them on CPU)
+    layers: str = "all"  # where the blocks hold: "all", "sliding" (window layers only) or "none"
     _block_masks: dict[tuple[int | None, str], Any] = field(default_factory=dict)
+    _plain: list[ImageBlockRule] = field(default_factory=list)  # the rule without blocks, built once
 
     @classmethod
     def build(
-        cls, cu_seqlens_padded: torch.Tensor, spans: torch.Tensor, total: int, *, compile: bool = True
+        cls,
+        cu_seqlens_padded: torch.Tensor,
+        spans: torch.Tensor,
+        total: int,
+        *,
+        compile: bool = True,
+        layers: str = "all",
     ) -> ImageBlockRule:
         """From the batch's slot offsets and ``image_blocks`` (row offsets) for a row of ``total`` tokens."""
         bounds = [int(x) for x in cu_seqlens_padded.tolist()]
@@ -114,7 +134,24 @@ class ImageBlockRule:
             slots=slots,
             blocks=blocks,
             compile=compile,
+            layers=layers,
         )
+
+    def for_layer(self, window: int | None) -> ImageBlockRule:
+        """The rule a layer applies: this one, or the same slots without blocks where ``layers`` leaves it causal."""
+        if self.layers == "all" or (self.layers == "sliding" and window is not None) or not self.spans:
+            return self
+        if not self._plain:
+            self._plain.append(
+                ImageBlockRule(
+                    segments=self.segments,
+                    spans=(),
+                    slots=self.slots,
+                    blocks=torch.full_like(self.blocks, -1),
+                    compile=self.compile,
+                )
+            )
+        return self._plain[0]
 
     def dense(self, start: int, end: int, window: int | None) -> torch.Tensor:
         """bool [L, L] mask of the tokens ``[start, end)`` (one slot: the CPU reference's mask)."""
@@ -151,6 +188,7 @@ class ImageBlockRule:
             slots=self.slots.to(device),
             blocks=self.blocks.to(device),
             compile=self.compile,
+            layers=self.layers,
         )
 
     def needs_mask(self, start: int, end: int, window: int | None) -> bool:

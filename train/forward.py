@@ -33,7 +33,7 @@ from torch import nn
 
 from train.attention import PACKED_ATTENTION, PackedAttentionError, needs_document_mask, prepare_model_for_packing
 from train.batch import PackedBatch
-from train.block_attention import IMAGE_BLOCKS_KWARG, ImageBlockRule
+from train.block_attention import IMAGE_BLOCKS_KWARG, ImageBlockRule, image_block_layers
 
 _FORWARD_PARAMETERS: dict[type[nn.Module], frozenset[str]] = {}  # one entry per model class
 
@@ -88,7 +88,10 @@ def packed_inputs(model: nn.Module, batch: PackedBatch) -> dict[str, object]:
                 f"the model uses {implementation!r}"
             )
         inputs[IMAGE_BLOCKS_KWARG] = ImageBlockRule.build(
-            batch.cu_seqlens_padded, batch.image_blocks.to(batch.input_ids.device), batch.num_tokens
+            batch.cu_seqlens_padded,
+            batch.image_blocks.to(batch.input_ids.device),
+            batch.num_tokens,
+            layers=image_block_layers(getattr(model, "config", None)),
         )
     elif needs_document_mask(batch.input_ids.device, implementation):
         inputs[IMAGE_BLOCKS_KWARG] = ImageBlockRule.build(

@@ -228,7 +228,9 @@ class MediaProcessor:
                 "packvlm cannot build this family's vision inputs"
             )
         layout: Any = layout_class.from_bundle(bundle)
-        if pixels == "float32" or not layout.pixel_kwargs:  # asked for, or a layout that ships floats (LFM2-VL)
+        if (
+            pixels == "float32" or not layout.pixel_kwargs
+        ):  # asked for, or a layout that ships floats (LFM2-VL, Gemma 4)
             return cls(layout=replace(layout, pixel_kwargs={}), table=None)
         table = normalization_table(bundle.image_processor, getattr(layout, "images_kwargs", None))
         media = cls(layout=layout, table=table)

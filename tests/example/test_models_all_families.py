@@ -40,6 +40,7 @@ EXPANDED_IMAGE_TOKEN = {
 # model type of each family's tiny config (Omni: the thinker; Pixtral: a LLaVA checkpoint)
 MODEL_TYPES = {
     "gemma3": "gemma3",
+    "gemma4": "gemma4",
     "glm46v": "glm46v",
     "glm4v": "glm4v",
     "idefics3": "idefics3",

@@ -63,6 +63,7 @@ MARKERS = {
     "lfm2_vl": CHATML,
     "llava_onevision": CHATML,
     "gemma3": Markers("<start_of_turn>model\n", "<end_of_turn>\n"),
+    "gemma4": Markers("<|turn>model\n", "<turn|>\n"),
     "glm4v": Markers("<|assistant|>\n", None),  # GLM-4.6V's "<think></think>\n" is part of each reply
     "glm46v": Markers("<|assistant|>\n", None),
     "idefics3": IDEFICS,

@@ -1,0 +1,1 @@
+"""Gemma 4 (Gemma4Processor)."""

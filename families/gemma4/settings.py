@@ -1,0 +1,85 @@
+"""What both Gemma 4 faces read from the processor, derived once: the soft-token budget and its grid.
+
+``Gemma4ImageProcessorPil`` resizes every image, keeping its aspect ratio, to the largest size
+whose sides are multiples of ``pooling_kernel_size * patch_size`` (3 x 16 = 48 px) and whose
+16 px patches number at most ``max_soft_tokens * pooling_kernel_size**2``; the vision tower
+pools 3 x 3 patches into one soft token. ``Gemma4Processor`` declares no image defaults of its
+own, so the call passes ``preprocessor_config.json``'s values (`families.settings`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from families.processor import ProcessorBundle, ProcessorLoadError
+from families.settings import effective_image_settings, merged_images_kwargs
+
+SUPPORTED_SOFT_TOKENS = (70, 140, 280, 560, 1120)  # image_processing_pil_gemma4._SUPPORTED_SOFT_TOKENS
+KEYS = ("max_soft_tokens", "patch_size", "pooling_kernel_size", "do_resize")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Gemma4Settings:
+    """The processor's settings both faces use (`Gemma4Counter`, `Gemma4Layout`)."""
+
+    images_kwargs: dict[str, Any]  # what the processor passes its image processor
+    max_soft_tokens: int  # the budget: one of SUPPORTED_SOFT_TOKENS
+    patch_size: int  # 16
+    pooling_kernel_size: int  # 3: soft tokens are pooling_kernel_size**2 patches
+
+    @classmethod
+    def from_processor(cls, bundle: ProcessorBundle) -> Gemma4Settings:
+        merged = merged_images_kwargs(bundle)
+        values = effective_image_settings(bundle, KEYS, merged)
+        if values["do_resize"] is False:
+            raise ProcessorLoadError(
+                f"{bundle.source}: do_resize is false, so images keep their own size and are not counted in closed "
+                "form; set do_resize true (every released Gemma 4 checkpoint does)"
+            )
+        missing = [k for k in KEYS[:3] if values[k] is None]
+        if missing:
+            raise ProcessorLoadError(f"{bundle.source}: the Gemma 4 image processor has no {', '.join(missing)}")
+        budget = int(values["max_soft_tokens"])
+        if budget not in SUPPORTED_SOFT_TOKENS:
+            raise ProcessorLoadError(f"{bundle.source}: max_soft_tokens {budget} is not one of {SUPPORTED_SOFT_TOKENS}")
+        return cls(
+            images_kwargs=merged,
+            max_soft_tokens=budget,
+            patch_size=int(values["patch_size"]),
+            pooling_kernel_size=int(values["pooling_kernel_size"]),
+        )
+
+    @property
+    def side_multiple(self) -> int:
+        """Resized sides are multiples of this (48 px): one soft token per side step."""
+        return self.pooling_kernel_size * self.patch_size
+
+    def resized(self, width: int, height: int) -> tuple[int, int]:
+        """(height, width) the image processor resizes to: ``get_aspect_ratio_preserving_size``.
+
+        The same float operations in the same order as transformers 5.24
+        (``image_processing_pil_gemma4.get_aspect_ratio_preserving_size``), so the floors agree
+        bit for bit. Example (budget 280): 640 x 480 -> factor sqrt(645120 / 307200) = 1.449,
+        ideal 695.6 x 927.5 -> 672 x 912 px (h x w), 14 x 19 = 266 soft tokens.
+        """
+        max_patches = self.max_soft_tokens * self.pooling_kernel_size**2
+        target_px = max_patches * (self.patch_size**2)
+        factor = math.sqrt(target_px / (height * width))
+        side = self.side_multiple
+        target_h = int(math.floor(factor * height / side)) * side
+        target_w = int(math.floor(factor * width / side)) * side
+        longest = (max_patches // self.pooling_kernel_size**2) * side
+        if target_h == 0 and target_w == 0:  # cannot happen: ideal_h * ideal_w = target_px >= 70 x 48^2
+            raise ValueError(f"image of size {width}x{height} resizes to 0 x 0")
+        if target_h == 0:
+            target_h, target_w = side, min(int(math.floor(width / height)) * side, longest)
+        elif target_w == 0:
+            target_w, target_h = side, min(int(math.floor(height / width)) * side, longest)
+        return target_h, target_w
+
+    def soft_grid(self, width: int, height: int) -> tuple[int, int]:
+        """(rows, cols) of soft tokens of an image: its resized sides over 48 px."""
+        target_h, target_w = self.resized(width, height)
+        return target_h // self.side_multiple, target_w // self.side_multiple
