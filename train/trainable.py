@@ -5,12 +5,14 @@ path (a `peft` wrapper's ``base_model.model.`` prefix and its ``lora_A``/``lora_
 looked through, so a LoRA model groups the same way)::
 
     group      modules (first match along the dotted path)                     families
-    vision     visual, vision_tower, vision_model                              all 16
-    audio      audio_tower                                                     Qwen2.5-Omni, Qwen3-Omni
-    projector  multi_modal_projector, connector, image_newline,                LLaVA*, InternVL, Gemma 3, Mistral 3
+    vision     visual, vision_tower, vision_model                              all
+    audio      audio_tower, embed_audio                                        Qwen2.5-Omni, Qwen3-Omni, Gemma 4
+    projector  multi_modal_projector, connector, image_newline, projector,     LLaVA*, InternVL, Gemma 3, Mistral 3,
+               embed_vision, mm_projector, merger (top level)                  PaddleOCR-VL, Gemma 4, Kimi K2.5,
+                                                                               MiniCPM-V 4.6
                and inside the vision root: merger, merger_list,                Qwen*-VL/Omni, GLM-4.xV
                deepstack_merger_list, downsample                               Idefics3, SmolVLM (connector)
-    language   language_model, text_model, lm_head                             all 16
+    language   language_model, text_model, lm_head                             all
 
 The projector is what maps the vision tower's output into the language model's embedding
 space: Qwen's ``visual.merger`` (and Qwen3-VL's deepstack mergers) and GLM-4.xV's
@@ -49,6 +51,10 @@ _ROOTS: dict[str, Group] = {
     "connector": "projector",
     "image_newline": "projector",
     "projector": "projector",  # PaddleOCR-VL (model.projector: 2x2 merge + MLP)
+    "embed_vision": "projector",  # Gemma 4 (vision soft tokens into the text embedding space)
+    "embed_audio": "audio",  # Gemma 4
+    "mm_projector": "projector",  # Kimi K2.5
+    "merger": "projector",  # MiniCPM-V 4.6 (model.merger, beside the vision tower; Qwen's sits inside it)
     "language_model": "language",
     "text_model": "language",
     "lm_head": "language",
