@@ -214,6 +214,9 @@ def build_gemma4_processor_dir(out: Path) -> Path:
     tokenizer.save_pretrained(str(out))
     write_json(out / "preprocessor_config.json", PREPROCESSOR_CONFIG)
     write_json(out / "processor_config.json", PROCESSOR_CONFIG)
+    # with torchvision, AutoProcessor also builds the audio feature extractor and the video processor,
+    # found by model type (a checkpoint directory's config.json, as GLM-4V's example writes too)
+    write_json(out / "config.json", {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4"})
     (out / "chat_template.jinja").write_text(GEMMA4_CHAT_TEMPLATE, "utf-8")
     return out
 
