@@ -304,8 +304,19 @@ def _processor_settings(processor_dict: dict[str, Any]) -> dict[str, Any]:
 
 # Processor modules that import a torchvision module only for a function its PIL twin defines
 # identically: loaded with the PIL module standing in (PixtralProcessor uses only
-# get_resize_output_image_size from image_processing_pixtral, in _get_num_multimodal_tokens).
+# get_resize_output_image_size from image_processing_pixtral, in _get_num_multimodal_tokens;
+# Gemma4Processor on transformers 5.12 the kwargs class and the resize rule).
 _TORCHVISION_FREE = {
+    # 5.12: processing_gemma4 imports Gemma4ImageProcessorKwargs and get_aspect_ratio_preserving_size
+    # from image_processing_gemma4; the PIL module defines both identically
+    "Gemma4Processor": (
+        "transformers.models.gemma4.processing_gemma4",
+        {
+            "transformers.models.gemma4.image_processing_gemma4": (
+                "transformers.models.gemma4.image_processing_pil_gemma4"
+            )
+        },
+    ),
     "PixtralProcessor": (
         "transformers.models.pixtral.processing_pixtral",
         {
@@ -319,7 +330,10 @@ _TORCHVISION_FREE = {
 
 def _processor_class(cls_name: str) -> Any:
     """The processor class by name; a torchvision-gated one listed above is imported without torchvision."""
-    cls = getattr(transformers, cls_name, None)
+    try:
+        cls = getattr(transformers, cls_name, None)
+    except ImportError:  # 5.8 - 5.12 without torchvision: Gemma4Processor's module imports the torchvision class
+        cls = None
     if cls_name not in _TORCHVISION_FREE or is_torchvision_available():
         return cls
     module_name, stand_ins = _TORCHVISION_FREE[cls_name]
