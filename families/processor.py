@@ -171,7 +171,8 @@ def _files_stamp(path: str) -> tuple[tuple[str, int, int], ...]:
     root = Path(path)
     if not root.is_dir():
         return ()
-    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in root.iterdir() if f.is_file()))
+    stats = ((f.name, f.stat()) for f in root.iterdir() if f.is_file())
+    return tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats))
 
 
 def load_processor(path: str) -> ProcessorBundle:
@@ -268,7 +269,7 @@ def _pil_image_processor(path: str, type_name: str | None) -> Any:
 class SettingsOnlyImageProcessor(ImageProcessingMixin):
     """``preprocessor_config.json`` as attributes, for a torchvision-only image processor without torchvision.
 
-    LFM2-VL's ``Lfm2VlImageProcessor`` has no PIL twin: counting needs only its settings, which a
+    LFM2-VL's ``Lfm2VlImageProcessor`` (and Kimi K2.5's) has no PIL twin: counting needs only its settings, which a
     family's counter reads with the class defaults it declares itself (``families/lfm2_vl``).
     It processes no pixels; the processor is not built (verifying and training need torchvision).
     """
