@@ -40,6 +40,26 @@ Rope = Literal["mrope", "text"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PatchRows:
+    """How a layout's ``pixel_values`` hold flattened patch rows, declared so 8-bit values can ship.
+
+    ``pixel_values`` ``[..., N, patch_size**2 * C]``: each row one patch, the channel the fastest
+    axis of a row (``"last"``: SigLIP2 NaFlex, Gemma 4, LFM2-VL) or the slowest (``"major"``).
+    Rows after an image's real patches are padding the processor added *after* normalising
+    (0.0 in its float output); ``padding_keyword`` marks them: a row is padding where every
+    entry of that keyword's row equals ``padding_value``. `train.pixels` reads this declaration.
+
+    Example (Gemma 4, budget 280): ``PatchRows(patch_size=16, channel_order="last",
+    padding_keyword="image_position_ids", padding_value=-1)`` for ``pixel_values`` [1, 2520, 768].
+    """
+
+    patch_size: int
+    channel_order: Literal["last", "major"]
+    padding_keyword: str  # the item keyword whose rows mark padding (same leading shape [..., N])
+    padding_value: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ItemInputs:
     """One media item through the family's processor: its tensors and what the plan must match."""
 
@@ -78,6 +98,9 @@ class FamilyLayout(Protocol):
     ``joins`` names every keyword the layout can emit; ``rope`` picks the positions rule;
     ``mm_token_ids`` maps transformers' ``mm_token_type_ids`` values (1 image, 2 video) to the
     placeholder token id in the expanded text (the rope index and some models read it).
+    Optional: ``pixel_rows`` (`PatchRows`), for a layout whose ``pixel_values`` are patch rows
+    with the channel last or with padding rows (without it: 2-D means channel-major rows, any
+    other shape ``[..., C, H, W]``).
     """
 
     @property

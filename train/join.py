@@ -40,11 +40,21 @@ def join(rule: Join, parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def join_pixels(rule: Join, parts: Sequence[PackedPixels]) -> PackedPixels:
     """Join 8-bit pixels like their float tensors; frame extents join by the same rule (padded frames: 0 x 0)."""
-    table = parts[0].table
+    table, rows = parts[0].table, parts[0].rows
     if any(p.table is not table and not torch.equal(p.table, table) for p in parts[1:]):
         raise ValueError("cannot join pixels normalised by different processors")
+    if any(p.rows != rows for p in parts[1:]):
+        raise ValueError("cannot join pixels of different patch-row layouts")
     extents = [p.extents for p in parts]
     values = join(rule, [p.values for p in parts])
+    if rows is not None:  # patch rows: the real-row marks join like the rows (rows a join adds: padding)
+        if rule == "cat_last":
+            raise ValueError("patch rows cannot join along their last dim (cat_last)")
+        marks = [p.real_rows for p in parts if p.real_rows is not None]
+        if len(marks) != len(parts):
+            raise ValueError("patch rows without their real-row marks cannot join")
+        real = join(rule, marks)
+        return PackedPixels(values=values, table=table, extents=None, rows=rows, real_rows=real)
     if rule == "cat_last":  # one frame grows along its width; nothing is padded
         return PackedPixels(values=values, table=table, extents=frame_extents(values))
     return PackedPixels(

@@ -23,7 +23,9 @@ other loader stops on it too.
 Image pixels leave the worker as 8-bit values (`train.pixels.PackedPixels`, ``pixels="uint8"``,
 the default): the layouts call their image processor with rescale / normalize off and the step
 applies the processor's own per-value table on the device, bit-equal to its float32 output
-(checked on a probe image when the worker starts). ``pixels="float32"`` ships the processor's
+(checked on a probe image when the worker starts, with every other keyword of the item). Patch
+rows with the channel last and padding rows (Gemma 4, LFM2-VL) ship the same way: the layout
+declares them (``pixel_rows``, `families.layout.PatchRows`). ``pixels="float32"`` ships the processor's
 float output as before. Video pixels are always float32 (HF video processors need torchvision,
 which the CPU checks here lack). Each pack's pixels are joined once, over all its items.
 """
@@ -40,7 +42,7 @@ import torch
 from PIL import Image
 from transformers.image_utils import load_image
 
-from families.layout import DecodedVideo, FamilyLayout, ItemInputs, SampleInputs
+from families.layout import DecodedVideo, FamilyLayout, ItemInputs, PatchRows, SampleInputs
 from families.processor import ProcessorBundle
 from families.registry import find_layout
 from packvlm.errors import DataBudgetError
@@ -228,9 +230,7 @@ class MediaProcessor:
                 "packvlm cannot build this family's vision inputs"
             )
         layout: Any = layout_class.from_bundle(bundle)
-        if (
-            pixels == "float32" or not layout.pixel_kwargs
-        ):  # asked for, or a layout that ships floats (LFM2-VL, Gemma 4)
+        if pixels == "float32" or not layout.pixel_kwargs:  # asked for, or a layout that ships floats
             return cls(layout=replace(layout, pixel_kwargs={}), table=None)
         table = normalization_table(bundle.image_processor, getattr(layout, "images_kwargs", None))
         media = cls(layout=layout, table=table)
@@ -238,12 +238,15 @@ class MediaProcessor:
         return media
 
     def check_pixels(self, float_layout: FamilyLayout, name: str) -> None:
-        """Raise `RawPixelsError` unless 8-bit pixels + table give the processor's float pixels bit for bit."""
+        """Raise `RawPixelsError` unless 8-bit pixels + table give the processor's float pixels bit for bit.
+
+        Every keyword of the probe's item is compared (masks and positions from the 8-bit call too).
+        """
         probe = Image.fromarray(np.random.default_rng(0).integers(0, 256, (PROBE_HEIGHT, PROBE_WIDTH, 3), np.uint8))
         want = vision_inputs(float_layout.sample_inputs([probe], []).items[0].tensors)
         got = vision_inputs(self._packed(self.layout.sample_inputs([probe], []).items[0].tensors))
-        for key in PIXEL_KEYWORDS:
-            if key in want and not torch.equal(got[key], want[key]):
+        for key in want:
+            if key not in got or not torch.equal(got[key], want[key]):
                 raise RawPixelsError(
                     f"{name}: {key} from 8-bit values and the processor's rescale/normalize table differ from the "
                     "processor's own float output on a probe image; train with --pixels float32"
@@ -254,11 +257,15 @@ class MediaProcessor:
         tensors: dict[str, VisionValue] = dict(item)
         if self.table is None:
             return tensors
-        mask = item.get(PADDING_MASK)
+        rows: PatchRows | None = getattr(self.layout, "pixel_rows", None)
         for key in PIXEL_KEYWORDS:
             value = item.get(key)
-            if value is not None:
-                tensors[key] = PackedPixels.of(value, self.table, mask)
+            if value is None:
+                continue
+            if rows is not None:  # declared patch rows (Gemma 4, LFM2-VL): padding rows from their keyword
+                tensors[key] = PackedPixels.of_rows(value, self.table, rows, item[rows.padding_keyword])
+            else:
+                tensors[key] = PackedPixels.of(value, self.table, item.get(PADDING_MASK))
         return tensors
 
     def process(

@@ -10,8 +10,11 @@ table the processor's **own** ``rescale`` / ``normalize`` made from a ramp of al
 (`normalization_table`): the result is bit-equal to the processor's float32 output, not
 merely close (`tests/train/test_pixels.py` checks it for every family).
 
-Where the channel sits: a 2-D keyword holds flattened patches ``[P, C * k]``, channel-major
-within a row (Qwen-VL / GLM / Omni); any other keyword is image-shaped ``[..., C, H, W]``.
+Where the channel sits: a layout that declares `families.layout.PatchRows` (``pixel_rows``)
+ships patch rows ``[..., N, p * p * C]`` in the declared channel order (channel last: Gemma 4,
+LFM2-VL), with ``real_rows`` bool ``[..., N]`` from the declared padding keyword; otherwise a
+2-D keyword holds flattened patches ``[P, C * k]``, channel-major within a row (Qwen-VL / GLM /
+Omni), and any other keyword is image-shaped ``[..., C, H, W]``.
 Image-shaped pixels carry ``extents`` ``[..., 2]``: the real ``(h, w)`` of every ``[C, H, W]``
 frame. Whatever lies outside is padding that the processor (Idefics3's global tile) or a
 ``pad_cat`` join (Pixtral sizes, LLaVA tile counts) added after normalising, i.e. 0.0 in the
@@ -20,6 +23,12 @@ Pixtral image of 32 x 48 px joined with one of 64 x 64::
 
     values  uint8 [2, 3, 64, 64]    extents [[32, 48], [64, 64]]
     normalized() -> float32 [2, 3, 64, 64], image 0 zero outside rows 0..31 x cols 0..47
+
+Padding rows of patch rows are zeroed the same way. Example, one Gemma 4 image (budget 280)
+resized to 576 x 1008 px, 36 x 63 = 2268 patches of 16 x 16 x 3::
+
+    values  uint8 [1, 2520, 768]    real_rows bool [1, 2520], True on rows 0..2267
+    normalized() -> float32 [1, 2520, 768], value j of a row looked up in channel j % 3, rows 2268.. 0.0
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from families.layout import RAW_PIXELS
+from families.layout import RAW_PIXELS, PatchRows
 from packvlm.errors import UsageError
 
 #: the vision keywords that hold pixels (what `PackedPixels` may stand for)
@@ -109,6 +118,23 @@ def frame_extents(pixels: torch.Tensor, mask: torch.Tensor | None = None) -> tor
     return extents
 
 
+def real_patch_rows(pixels: torch.Tensor, rows: PatchRows, padding: torch.Tensor) -> torch.Tensor:
+    """bool ``[..., N]``: True on the real patch rows of ``pixels`` ``[..., N, p * p * C]``.
+
+    A row is padding where every entry of ``padding``'s row (``[..., N]`` or ``[..., N, k]``)
+    equals ``rows.padding_value``; `RawPixelsError` if the shapes do not fit the declaration.
+    """
+    real = padding != rows.padding_value
+    while real.dim() > pixels.dim() - 1:
+        real = real.any(dim=-1)
+    if real.shape != pixels.shape[:-1]:
+        raise RawPixelsError(
+            f"{rows.padding_keyword} {tuple(padding.shape)} does not mark the rows of pixels {tuple(pixels.shape)}: "
+            "the layout's pixel_rows declaration does not fit its processor"
+        )
+    return real
+
+
 def _inside(extents: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """bool ``[..., H, W]``: True inside each frame's ``(h, w)``."""
     device = extents.device
@@ -121,14 +147,28 @@ def _inside(extents: torch.Tensor, height: int, width: int) -> torch.Tensor:
 class PackedPixels:
     """One pixel keyword as the loader ships it: 8-bit values plus how to make the model's floats."""
 
-    values: torch.Tensor  # uint8, the keyword's layout: [P, C * k] or [..., C, H, W]
+    values: torch.Tensor  # uint8, the keyword's layout: [..., N, p * p * C] (rows), [P, C * k] or [..., C, H, W]
     table: torch.Tensor  # float32 [C, 256] (`normalization_table`)
-    extents: torch.Tensor | None  # int32 [..., 2] per [C, H, W] frame; None for [P, C * k]
+    extents: torch.Tensor | None  # int32 [..., 2] per [C, H, W] frame; None for patch rows
+    rows: PatchRows | None = None  # the layout's declared patch rows; None: inferred from the shape
+    real_rows: torch.Tensor | None = None  # bool [..., N] with ``rows``: False on padding rows
 
     @classmethod
     def of(cls, pixels: torch.Tensor, table: torch.Tensor, mask: torch.Tensor | None = None) -> PackedPixels:
         """An image processor's output with `RAW_PIXELS` (and its padding ``mask``, if it returns one)."""
         return cls(values=as_uint8(pixels), table=table, extents=frame_extents(pixels, mask))
+
+    @classmethod
+    def of_rows(cls, pixels: torch.Tensor, table: torch.Tensor, rows: PatchRows, padding: torch.Tensor) -> PackedPixels:
+        """Patch rows ``[..., N, p * p * C]`` as ``rows`` declares them, ``padding`` the keyword marking padding."""
+        width = rows.patch_size**2 * int(table.shape[0])
+        if pixels.dim() < 2 or pixels.shape[-1] != width:
+            raise RawPixelsError(
+                f"pixels {tuple(pixels.shape)} are not rows of {rows.patch_size} x {rows.patch_size} x "
+                f"{int(table.shape[0])} values: the layout's pixel_rows declaration does not fit its processor"
+            )
+        real = real_patch_rows(pixels, rows, padding)
+        return cls(values=as_uint8(pixels), table=table, extents=None, rows=rows, real_rows=real)
 
     @property
     def shape(self) -> torch.Size:
@@ -136,36 +176,52 @@ class PackedPixels:
 
     @property
     def nbytes(self) -> int:
-        """Bytes on the wire (values and extents; the table is a few KB)."""
-        extents = 0 if self.extents is None else self.extents.nbytes
-        return self.values.nbytes + extents
+        """Bytes on the wire (values, extents, real rows; the table is a few KB)."""
+        extras = (t.nbytes for t in (self.extents, self.real_rows) if t is not None)
+        return self.values.nbytes + sum(extras)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedPixels:
         """A copy on ``device`` (like ``Tensor.to``)."""
         extents = None if self.extents is None else self.extents.to(device, non_blocking=non_blocking)
+        real = None if self.real_rows is None else self.real_rows.to(device, non_blocking=non_blocking)
         return PackedPixels(
             values=self.values.to(device, non_blocking=non_blocking),
             table=self.table.to(device, non_blocking=non_blocking),
             extents=extents,
+            rows=self.rows,
+            real_rows=real,
         )
 
     def pin_memory(self) -> PackedPixels:
         """Pinned host copies (torch's DataLoader calls this on custom types when ``pin_memory`` is on)."""
         extents = None if self.extents is None else self.extents.pin_memory()
-        return PackedPixels(values=self.values.pin_memory(), table=self.table.pin_memory(), extents=extents)
+        real = None if self.real_rows is None else self.real_rows.pin_memory()
+        return PackedPixels(
+            values=self.values.pin_memory(),
+            table=self.table.pin_memory(),
+            extents=extents,
+            rows=self.rows,
+            real_rows=real,
+        )
 
     def normalized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The processor's float tensor, bit-equal in float32, on the values' device."""
         values, channels = self.values, int(self.table.shape[0])
-        if values.dim() == 2:  # [P, C * k], channel-major within a row
-            rows = values.reshape(values.shape[0], channels, -1)
+        channel_dim = 1
+        if self.rows is not None and self.rows.channel_order == "last":  # [..., N, p * p * C]
+            rows = values.reshape(-1, values.shape[-1] // channels, channels)
+            channel_dim = 2
+        elif self.rows is not None or values.dim() == 2:  # [..., P, C * k], channel-major within a row
+            rows = values.reshape(-1, channels, values.shape[-1] // channels)
         else:  # [..., C, H, W]
             rows = values.reshape(-1, channels, values.shape[-2] * values.shape[-1])
         out = torch.empty(rows.shape, dtype=torch.float32, device=values.device)
         table = self.table.to(values.device)
         for channel in range(channels):
-            out[:, channel] = table[channel][rows[:, channel].long()]
+            out.select(channel_dim, channel).copy_(table[channel][rows.select(channel_dim, channel).long()])
         out = out.reshape(values.shape)
+        if self.real_rows is not None:  # padding rows: 0.0, as the processor padded after normalising
+            out = out.masked_fill_(~self.real_rows.to(values.device).unsqueeze(-1), 0.0)
         if self.extents is not None:
             inside = _inside(self.extents.to(values.device), values.shape[-2], values.shape[-1])
             out = out.masked_fill_(~inside.unsqueeze(-3), 0.0)

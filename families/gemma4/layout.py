@@ -13,8 +13,10 @@ What the plan is checked against, in `families.gemma4.counter`'s convention: one
 patch grid over 3). Example (example ``gemma4``): a 90 x 60 image -> resized 768 x 528 (w x h)
 -> 33 x 48 patches, grid (1, 11, 16), 176 tokens, ``pixel_values`` [1, 2520, 768].
 
-Pixels leave the workers as float32 (``pixel_kwargs`` empty): the patchified layout
-[N, P, 16 * 16 * 3] is neither image-shaped nor channel-major, which `train.pixels` needs.
+Pixels leave the workers as 8-bit values (``pixel_kwargs`` = `RAW_PIXELS`: the processor
+resizes in 8 bits, then rescales; with that off its patch rows are the resized image's bytes).
+``pixel_rows`` declares the rows for `train.pixels`: channel last within a 16 x 16 x 3 row,
+padding rows where ``image_position_ids`` is -1 (0.0 in the processor's floats).
 
 Attention: with ``use_bidirectional_attention: "vision"`` the model attends both ways inside each
 image's run of soft tokens on its *sliding* layers only (``create_masks_for_vision_model``:
@@ -31,7 +33,7 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from families.gemma4.settings import Gemma4Settings
-from families.layout import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs
+from families.layout import IMAGE, RAW_PIXELS, DecodedVideo, ItemInputs, Join, PatchRows, Rope, SampleInputs
 from families.processor import ProcessorBundle
 
 
@@ -49,8 +51,9 @@ class Gemma4Layout:
     image_processor: Any
     images_kwargs: dict[str, Any]  # the processor call's image kwargs, plus tensors out
     image_token_id: int  # <|image|>: the model's config.image_token_id
-    #: float32 from the processor (the patch layout has no channel axis `train.pixels` can find)
-    pixel_kwargs: Mapping[str, bool] = field(default_factory=dict)
+    pixel_rows: PatchRows  # how pixel_values hold patches (module docstring)
+    #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
     def from_bundle(cls, bundle: ProcessorBundle) -> Gemma4Layout:
@@ -61,6 +64,12 @@ class Gemma4Layout:
             image_processor=bundle.image_processor,
             images_kwargs={**settings.images_kwargs, "return_tensors": "pt"},
             image_token_id=bundle.token_id("<|image|>", "image_token"),
+            pixel_rows=PatchRows(
+                patch_size=settings.patch_size,
+                channel_order="last",
+                padding_keyword="image_position_ids",
+                padding_value=-1,
+            ),
         )
 
     @property
@@ -68,7 +77,7 @@ class Gemma4Layout:
         return {IMAGE: self.image_token_id}
 
     def _item(self, image: Image.Image) -> ItemInputs:
-        got = self.image_processor([image], **self.images_kwargs, **self.pixel_kwargs)
+        got = self.image_processor([image], **{**self.images_kwargs, **self.pixel_kwargs})
         positions = got["image_position_ids"]
         real = (positions[0] >= 0).all(dim=-1)
         cols = int(positions[0, real, 0].max()) + 1

@@ -9,9 +9,11 @@ tile dimension in token order (N is the same for every input of one processor), 
 scatters each input's ``(h/2)(w/2)`` projected tokens into the ``<image>`` slots in that order.
 Positions: 1-D, restarting per sample (LFM2 uses plain rope).
 
-Pixels ship as the processor's float32: padding rows are 0.0 after normalising and the
-channel sits last in a patch row, which `train.pixels`' 8-bit wire does not describe
-(``pixel_kwargs`` is empty, so `train.media` takes the float path).
+Pixels leave the workers as 8-bit values (``pixel_kwargs`` = `RAW_PIXELS`: the processor
+resizes and tiles in 8 bits, then runs its fused rescale + normalize; with that off its patch
+rows are the tiles' bytes). ``pixel_rows`` declares the rows for `train.pixels`: channel last
+within a p x p x 3 row, padding rows where ``pixel_attention_mask`` is 0 (0.0 in the
+processor's floats, where a looked-up 0 would be -1.0).
 
 The text model mixes tokens outside attention: every ``conv`` layer runs a causal depthwise
 convolution of ``conv_L_cache`` taps, which over a packed row would carry the last taps of one
@@ -31,7 +33,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from families.layout import IMAGE, DecodedVideo, ItemInputs, Join, Rope, SampleInputs
+from families.layout import IMAGE, RAW_PIXELS, DecodedVideo, ItemInputs, Join, PatchRows, Rope, SampleInputs
 from families.lfm2_vl.settings import Lfm2VlSettings
 from families.processor import ProcessorBundle, ProcessorLoadError
 from families.settings import merged_images_kwargs
@@ -50,8 +52,9 @@ class Lfm2VlLayout:
     settings: Lfm2VlSettings  # shared with the counter
     image_processor: Any
     images_kwargs: dict[str, Any]  # what the processor passes its image processor, plus tensors
-    #: the processor's floats (module docstring): empty, so `train.media` ships float32 pixels
-    pixel_kwargs: Mapping[str, bool] = field(default_factory=dict)
+    pixel_rows: PatchRows  # how pixel_values hold patches (module docstring)
+    #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
+    pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
     @classmethod
     def from_bundle(cls, bundle: ProcessorBundle) -> Lfm2VlLayout:
@@ -61,10 +64,17 @@ class Lfm2VlLayout:
                 f"{bundle.source}: LFM2-VL's image processor is torchvision-only and could not be built here "
                 f"({type(bundle.image_processor).__name__}); install torchvision to train this family"
             )
+        settings = Lfm2VlSettings.from_processor(bundle)
         return cls(
-            settings=Lfm2VlSettings.from_processor(bundle),
+            settings=settings,
             image_processor=bundle.image_processor,
             images_kwargs={**merged_images_kwargs(bundle), "return_tensors": "pt"},
+            pixel_rows=PatchRows(
+                patch_size=settings.encoder_patch_size,
+                channel_order="last",
+                padding_keyword="pixel_attention_mask",
+                padding_value=0,
+            ),
         )
 
     @property
@@ -72,7 +82,7 @@ class Lfm2VlLayout:
         return {IMAGE: self.settings.image_token_id}
 
     def _item(self, image: Image.Image) -> ItemInputs:
-        got = self.image_processor([[image]], **self.images_kwargs, **self.pixel_kwargs)
+        got = self.image_processor([[image]], **{**self.images_kwargs, **self.pixel_kwargs})
         rows, cols = int(got["image_rows"][0]), int(got["image_cols"][0])
         shapes = got["spatial_shapes"]
         d = self.settings.downsample_factor

@@ -59,13 +59,7 @@ def _items(media: MediaProcessor, images: list[Image.Image]) -> list[dict]:
 @pytest.mark.parametrize("family", example_families())
 def test_every_item_is_bit_equal_to_the_processor_at_a_quarter_of_the_bytes(processors, family: str) -> None:
     raw, truth = _media(processors, family)
-    if not raw.layout.pixel_kwargs:  # a layout that ships the processor's floats (LFM2-VL's padded patch rows)
-        assert raw.table is None
-        for seed, (width, height) in enumerate(SIZES):
-            image = _image(width, height, seed)
-            (ours,), (want,) = _items(raw, [image]), _items(truth, [image])
-            assert ours.keys() == want.keys() and all(torch.equal(ours[k], want[k]) for k in want), family
-        return
+    assert raw.layout.pixel_kwargs and raw.table is not None  # every family ships 8-bit pixels
     for seed, (width, height) in enumerate(SIZES):
         image = _image(width, height, seed)
         (ours,) = _items(raw, [image])
@@ -92,8 +86,6 @@ def test_a_pack_of_different_sizes_joins_like_the_floats(processors, family: str
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert torch.equal(got[key], value), (family, key)
-    if not raw.layout.pixel_kwargs:  # floats shipped as they are (no extents)
-        return
     extents = ours["pixel_values"].extents
     if "pad_cat" in joins.values():  # the sizes differ, so this join padded: the case under test
         assert extents is not None and bool((extents < torch.tensor(ours["pixel_values"].shape[-2:])).any())

@@ -51,6 +51,7 @@ from train import block_attention
 from train.batch import PackedBatch, concat_batches
 from train.block_attention import ImageBlockRule, image_block_layers
 from train.image_blocks import token_runs
+from train.pixels import PackedPixels
 
 LARGE = 1e-3  # a mutation must move some per-token loss by 100x the tolerance at least
 PACK_B = (
@@ -115,9 +116,11 @@ def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pack: str, pa
     assert batch.position_ids.shape == (1, batch.num_tokens)  # 1-D rotary: restarting text positions
     assert batch.image_blocks.tolist() == model_blocks(samples, batch)
     assert all(b - a > 16 for a, b in batch.image_blocks.tolist())  # every block longer than the window
-    for key in ("pixel_values", "image_position_ids"):  # the real processor's, token order
+    assert isinstance(batch.vision["pixel_values"], PackedPixels)  # 8-bit patch rows from the worker
+    vision = batch.vision_inputs()
+    for key in ("pixel_values", "image_position_ids"):  # the real processor's, token order, bit for bit
         parts = [s.inputs[key] for s in samples if key in s.inputs]
-        assert torch.equal(batch.vision[key], torch.cat(parts))
+        assert torch.equal(vision[key], torch.cat(parts))
     assert loss_diff(setup.truth[pack], batch, varlen_losses(setup, batch)) <= TOLERANCE  # fp32 losses
 
 

@@ -47,6 +47,7 @@ from train.batch import PackedBatch, concat_batches
 from train.forward import packed_inputs
 from train.linear_attention import CONV_FUNCTION, linear_attention_layers
 from train.loss import per_token_losses
+from train.pixels import PackedPixels
 
 pytestmark = pytest.mark.torchvision
 pytest.importorskip("torchvision")
@@ -128,9 +129,11 @@ def check_layout(setup: Setup, batch: PackedBatch, thumbnail: bool) -> None:
     cu = batch.cu_seqlens_padded.tolist()
     assert batch.position_ids.tolist() == [[p for a, b in zip(cu[:-1], cu[1:]) for p in range(b - a)]]
     assert set(batch.vision) == {"pixel_values", "pixel_attention_mask", "spatial_shapes"}
-    for key in batch.vision:
+    assert isinstance(batch.vision["pixel_values"], PackedPixels)  # 8-bit patch rows from the worker
+    vision = batch.vision_inputs()
+    for key in batch.vision:  # the real processor's, token order, bit for bit
         want = torch.cat([s.inputs[key] for s in setup.samples["A"] if key in s.inputs])
-        assert torch.equal(batch.vision[key], want), key
+        assert torch.equal(vision[key], want), key
     tiles = [r * c + (thumbnail and r * c > 1) for r, c in GRIDS]
     assert batch.vision["pixel_values"].shape[0] == sum(tiles)
     assert bool((batch.vision["pixel_attention_mask"] == 0).any())  # padded patch rows are in the pack
