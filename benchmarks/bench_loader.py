@@ -1,11 +1,13 @@
 """Benchmark the train loader on image-heavy packs against what one GPU consumes, in one run.
 
     python benchmarks/bench_loader.py --num-samples 240 --pack-size 8192 --workers 1 2 --pixels uint8 float32
+    python benchmarks/bench_loader.py --family gemma4 --num-samples 24 --workers 1 --in-process-packs 0
 
 Data (generated, then run through the real stages): ShareGPT samples with 1-4 JPEG images
 each at camera/screenshot sizes (640x480 .. 1600x1200), a question and an answer of seeded
 random words; `prep tokenize` with the example Qwen2-VL processor (the published image
-settings, 3,136..12,845,056 pixels), `prep pack`, `prep energon-index`.
+settings, 3,136..12,845,056 pixels; ``--family`` another example's processor and tiny model
+config), `prep pack`, `prep energon-index`.
 
 Measured: real tokens/s of the full encode path (pack bytes -> JPEG decode -> the model's
 image processor -> mRoPE positions, labels, cu_seqlens -> `PackedBatch`) through Energon's
@@ -45,7 +47,7 @@ import torch
 import transformers
 from machine import cpu_model
 
-from families.qwen2_vl.processor_dir import build_processor_dir
+from families.registry import example_families, example_family
 from prep.energon.index import index_dataset
 from prep.example.media import make_image_bytes
 from prep.pack.shard_cut import parse_shard_size
@@ -120,10 +122,10 @@ def write_dataset(root: Path, num_samples: int, seed: int) -> Path:
     return path
 
 
-def prepare(root: Path, num_samples: int, pack_size: int, seed: int) -> dict[str, object]:
+def prepare(root: Path, num_samples: int, pack_size: int, seed: int, family: str) -> dict[str, object]:
     """Dataset -> tokenize -> pack -> index; returns paths, sample lengths and timings."""
     start = time.perf_counter()
-    processor = build_processor_dir(root / "processor", "qwen2_vl")
+    processor = example_family(family).build_processor(root / "processor")
     config = write_dataset(root / "data", num_samples, seed)
     generated = time.perf_counter()
     run_tokenize(
@@ -179,6 +181,7 @@ class LoaderRun:
     micro_batches: int
     images: int
     pixel_mb: float  # mean MB of vision keywords per micro-batch as shipped (what workers send the trainer)
+    vision_bytes: int = 0  # all vision keywords of the run as shipped
     pixels: str = "float32"  # the wire: uint8 (train.pixels) or float32
     worker_rss_mb: float = float("nan")  # the largest worker's peak RSS
     worker_uss_mb: float = float("nan")  # the largest worker's unique memory at the last micro-batch
@@ -277,7 +280,8 @@ def in_process_run(packed: Path, processor: Path, model: Path, max_packs: int, p
     run = LoaderRun(
         label=f"in-process, 1 thread, {pixels}", workers=1, startup_s=loaded - start, steady_s=done - loaded,
         real_tokens=tokens, steady_tokens=tokens, micro_batches=len(stats), images=sum(b.num_media for b in stats),
-        pixel_mb=pixel_mb(stats), pixels=pixels, normalize_ms=normalize_ms(kept),
+        pixel_mb=pixel_mb(stats), vision_bytes=sum(b.vision_bytes for b in stats), pixels=pixels,
+        normalize_ms=normalize_ms(kept),
     )  # fmt: skip
     return run, stats
 
@@ -308,8 +312,8 @@ def loader_run(packed: Path, processor: Path, model: Path, workers: int, pixels:
         label=f"Energon, {workers} worker{'s' if workers > 1 else ''}, {pixels}", workers=workers,
         startup_s=arrivals[0] - start, steady_s=arrivals[-1] - arrivals[0], real_tokens=sum(tokens),
         steady_tokens=sum(tokens[1:]), micro_batches=len(stats), images=sum(b.num_media for b in stats),
-        pixel_mb=pixel_mb(stats), pixels=pixels, worker_rss_mb=rss, worker_uss_mb=uss,
-        normalize_ms=normalize_ms(kept),
+        pixel_mb=pixel_mb(stats), vision_bytes=sum(b.vision_bytes for b in stats), pixels=pixels,
+        worker_rss_mb=rss, worker_uss_mb=uss, normalize_ms=normalize_ms(kept),
     )  # fmt: skip
     return run, stats
 
@@ -397,17 +401,20 @@ def keep_best(best: dict[tuple[str, int, str], LoaderRun], key: tuple[str, int, 
 def print_runs(runs: list[LoaderRun]) -> None:
     print(
         f"\n  {'encode path':<36}{'mbs':>5}{'images':>8}{'real tok':>10}{'startup s':>11}{'steady s':>10}"
-        f"{'tok/s':>9}{'tok/s/worker':>14}{'vision MB/mb':>14}{'worker RSS MB':>15}{'USS MB':>8}{'norm ms/mb':>12}"
+        f"{'tok/s':>9}{'tok/s/worker':>14}{'vision MB/mb':>14}{'KB/image':>10}{'worker RSS MB':>15}{'USS MB':>8}"
+        f"{'norm ms/mb':>12}"
     )
     for r in runs:
         print(
             f"  {r.label:<36}{r.micro_batches:>5}{r.images:>8}{r.real_tokens:>10,}{r.startup_s:>11.1f}"
             f"{r.steady_s:>10.1f}{r.tokens_per_s:>9,.0f}{r.per_worker:>14,.0f}{r.pixel_mb:>14.1f}"
-            f"{r.worker_rss_mb:>15,.0f}{r.worker_uss_mb:>8,.0f}{r.normalize_ms:>12.1f}"
+            f"{r.vision_bytes / max(1, r.images) / 1e3:>10,.0f}{r.worker_rss_mb:>15,.0f}{r.worker_uss_mb:>8,.0f}"
+            f"{r.normalize_ms:>12.1f}"
         )
     print(
         "  (vision MB/mb: vision keywords per micro-batch as a worker ships them through shared memory; worker RSS:"
-        " the largest worker's peak, shared pages included; norm ms/mb: uint8 -> float32 on this CPU, main process)"
+        " the largest worker's peak, shared pages included; KB/image: all vision keywords shipped / images;"
+        " norm ms/mb: uint8 -> float32 on this CPU, main process)"
     )
     by_key = {(r.label.split(",")[0], r.workers, r.pixels): r for r in runs}
     for (kind, workers, wire), r in by_key.items():
@@ -469,6 +476,7 @@ def print_fractions(batches: list, lengths: np.ndarray, pack_size: int, seed: in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-samples", type=int, default=128)
+    parser.add_argument("--family", default="qwen2_vl", choices=example_families(), help="example processor")
     parser.add_argument("--pack-size", type=int, default=8192)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="loader worker counts to measure")
     parser.add_argument("--in-process-packs", type=int, default=12, help="packs encoded in-process (0: skip)")
@@ -486,8 +494,8 @@ def main() -> None:
     print_machine()
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-loader-"))
     try:
-        data = prepare(root, args.num_samples, args.pack_size, args.seed)
-        model = write_tiny_model(root / "model", "qwen2_vl", data["processor"])
+        data = prepare(root, args.num_samples, args.pack_size, args.seed, args.family)
+        model = write_tiny_model(root / "model", args.family, data["processor"])
         lengths = data["lengths"]
         image_fraction = data["image_tokens"] / int(lengths.sum())
         secs = ", ".join(f"{k} {v:.1f}s" for k, v in data["seconds"].items())
@@ -495,7 +503,7 @@ def main() -> None:
             f"data: {lengths.size} samples, {int(lengths.sum()):,} tokens ({image_fraction:.0%} image tokens), "
             f"{lengths.mean():,.0f} tokens/sample (max {lengths.max():,}), images "
             f"{IMAGE_SIZES[0][0]}x{IMAGE_SIZES[0][1]}..{IMAGE_SIZES[-1][0]}x{IMAGE_SIZES[-1][1]} JPEG, 1-4 per sample;"
-            f" Qwen2-VL processor; pack size {args.pack_size} ({secs})"
+            f" {args.family} example processor; pack size {args.pack_size} ({secs})"
         )
         best: dict[tuple[str, int, str], LoaderRun] = {}  # the fastest of --repeats interleaved runs
         passes = []
