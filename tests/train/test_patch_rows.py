@@ -252,3 +252,13 @@ def test_a_declaration_that_does_not_fit_is_refused() -> None:
         PackedPixels.of_rows(torch.zeros(2, 10, 48), table, rows, torch.ones(2, 9))
     with pytest.raises(RawPixelsError, match="--pixels float32"):
         PackedPixels.of_rows(torch.full((2, 10, 48), 0.5), table, rows, torch.ones(2, 10))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rows_normalised_on_the_gpu_equal_the_cpu() -> None:
+    table = torch.randn(3, 256)
+    rows = PatchRows(patch_size=2, channel_order="last", padding_keyword="pixel_attention_mask", padding_value=0)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    pixels = PackedPixels.of_rows(torch.randint(0, 256, (2, 5, 12)), table, rows, mask)
+    assert torch.equal(pixels.to("cuda").normalized().cpu(), pixels.normalized())
