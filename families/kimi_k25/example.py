@@ -29,7 +29,9 @@ Provenance (no copy of the K2.5 hub files was found; each value's source):
   generation prefill, tested there against the HF template);
 - ``<|media_begin|>`` (K2-Thinking writes ``<|media_start|>``): vLLM's ``kimi_k25.py`` placeholder;
 - image settings: the transformers 5.24 ``Kimi_K25ImageProcessor`` class defaults, not verified
-  against the checkpoint's ``preprocessor_config.json``; special-token ids: not verified;
+  against the checkpoint's ``preprocessor_config.json`` itself; two third-party copies of its
+  ``media_proc_cfg`` in the code index (files 57858465447 and 54589287414, repositories unnamed)
+  agree on every value above; special-token ids: not the checkpoint's (``<|media_pad|>`` is 163605);
 - the video placeholder: not verified.
 """
 
