@@ -39,6 +39,9 @@ class Family:
     #: its image processor exists only in torchvision form: counting works without torchvision
     #: (settings only), building pixels (train, verifying against the processor) needs it
     needs_torchvision: bool = False
+    #: the first transformers release shipping its classes; None: any release pyproject.toml allows
+    #: (`prep` and `train` refuse an older one up front: families/requirements.py)
+    min_transformers: str | None = None
 
     def module(self, face: Face) -> ModuleType:
         """``families.<name>.<face>``, imported."""
@@ -155,6 +158,7 @@ FAMILIES: tuple[Family, ...] = (
         layout="KimiK25Layout",
         examples=("kimi_k25",),
         needs_torchvision=True,
+        min_transformers="5.13.0",  # models/kimi_k25 is absent from the 5.12.1 wheel, present in 5.13.0's
     ),
     Family(
         name="minicpmv4_6",

@@ -28,6 +28,7 @@ import yaml
 
 from families.processor import ProcessorBundle, load_processor_once
 from families.registry import find_layout
+from families.requirements import check_processor_class, declared_processor_class
 from packvlm.errors import UsageError
 from schemas.energon import (
     DATASET_YAML,
@@ -137,6 +138,7 @@ def _check_format(root: Path, first_shard: str) -> None:
 def _load_processor(processor: str) -> ProcessorBundle:
     from families.processor import ProcessorLoadError
 
+    check_processor_class(declared_processor_class(str(processor)))  # before transformers imports the family
     try:
         return load_processor_once(str(processor))
     except (ProcessorLoadError, OSError) as exc:
@@ -218,7 +220,8 @@ def open_packed_dataset(
     min_packs: int = 1,
     cp_size: int = 1,
 ) -> PackedDatasetInfo:
-    """Validate a packed dataset before training; raise `TrainConfigError` naming the fix.
+    """Validate a packed dataset before training; raise `TrainConfigError` naming the fix
+    (`TransformersVersionError` when the installed transformers predates the data's family).
 
     Args:
         path: The `prep pack` output directory (indexed by `prep energon-index`).
@@ -239,6 +242,7 @@ def open_packed_dataset(
     _check_index(root, shards)
     _check_format(root, shards[0])
     tokenized_class = tokenized_processor_class(manifest)
+    check_processor_class(tokenized_class)  # before the processor or model loads the family's classes
     _check_identity(manifest, root, processor, processor_class, model)
     _check_attention(manifest)
     cp_problem = padding_problem(manifest.pad_to_multiple_of, cp_size)

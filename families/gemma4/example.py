@@ -19,6 +19,16 @@ Tokenizer: a small BPE trained here, loaded by transformers' ``GemmaTokenizer`` 
 the thinking channel tokens next, then the byte-fallback tokens and the BPE, and the media tokens
 last in Gemma 4's order (``<|image>`` 255999, ``<|audio>`` 256000, ``<|image|>`` 258880,
 ``<|audio|>``, ``<image|>`` 258882, ``<audio|>`` 258883, ``<|video|>`` 258884 upstream).
+
+Provenance: the chat template equals, in every part a tool-free conversation reaches, the
+Gemma 4 template llama.cpp stores (ggml-org/llama.cpp ``models/templates/gemma4.jinja`` @
+75f1ba73: BOS, the system block with ``<|think|>``, ``| trim``, ``strip_thinking``,
+``"\n\n<|image|>\n\n"``, ``"\n\n<|video|>\n\n"``, ``<turn|>\n``, the generation prompt's empty
+thought channel). Image settings (``max_soft_tokens`` 280, patch 16, pooling 3, bicubic, rescale
+only): ``Gemma4ImageProcessorPil`` class defaults, not verified against the checkpoint's
+``processor_config.json`` (third-party configs in the code index agree: 280 soft tokens per image,
+patch 16, pooling kernel 3, image / BOI / EOI ids 258880 / 255999 / 258882). Thinking-channel
+token ids: not the checkpoint's (its ``<|think|>`` is 98, ``<|channel>`` 100, ``<channel|>`` 101).
 """
 
 from __future__ import annotations

@@ -12,10 +12,27 @@ Tokenizer: a small byte-level BPE (the checkpoint's tiktoken split without its H
 intersections) carrying Kimi's special tokens at ids 0.. in the checkpoint's order
 (``[BOS]`` ``[EOS]`` ``<|im_end|>`` ``<|im_user|>`` ``<|im_assistant|>`` ... ``<|media_pad|>``
 ``<think>`` ``</think>``; 163584.. upstream). Chat template: K2.5's format written out
-(``<|im_system|>system<|im_middle|>`` ... ``<|im_end|>``, ``<|im_user|>user<|im_middle|>``,
-``<|im_assistant|>assistant<|im_middle|>``; each image
-``<|media_begin|>image<|media_content|><|media_pad|><|media_end|>``; the last reply keeps its
-``<think>reasoning</think>``, earlier replies carry an empty ``<think></think>``).
+(``<|im_system|>system<|im_middle|>`` ... ``<|im_end|>``, the default system turn "You are Kimi,
+an AI assistant created by Moonshot AI." when the conversation opens without one,
+``<|im_user|>user<|im_middle|>``, ``<|im_assistant|>assistant<|im_middle|>``; each image
+``<|media_begin|>image<|media_content|><|media_pad|><|media_end|>`` and a newline; every message up
+to the last reply without tool calls is history, its replies an empty ``<think></think>``, replies
+after it keep ``<think>reasoning</think>``; the generation prompt opens ``<think>``).
+
+Provenance (no copy of the K2.5 hub files was found; each value's source):
+
+- template structure (default system turn, history / suffix split, ``<think></think>`` in history,
+  the image's trailing newline): Kimi-K2-Thinking's ``chat_template.jinja`` as llama.cpp stores it
+  (ggml-org/llama.cpp ``models/templates/moonshotai-Kimi-K2-Thinking.jinja`` @ 0c3c896e), which K2.5
+  keeps per thinking-machines-lab/tinker-cookbook ``tinker_cookbook/renderers/kimi_k25.py`` @ 0703356c
+  (``KimiK25Renderer``: K2's default system message, image suffix ``<|media_end|>\n``, the ``<think>``
+  generation prefill, tested there against the HF template);
+- ``<|media_begin|>`` (K2-Thinking writes ``<|media_start|>``): vLLM's ``kimi_k25.py`` placeholder;
+- image settings: the transformers 5.24 ``Kimi_K25ImageProcessor`` class defaults, not verified
+  against the checkpoint's ``preprocessor_config.json`` itself; two third-party copies of its
+  ``media_proc_cfg`` in the code index (files 57858465447 and 54589287414, repositories unnamed)
+  agree on every value above; special-token ids: not the checkpoint's (``<|media_pad|>`` is 163605);
+- the video placeholder: not verified.
 """
 
 from __future__ import annotations
@@ -70,7 +87,7 @@ KIMI_K25_TEMPLATE = """{%- macro render_content(msg) -%}
     {%- elif c is not none -%}
         {%- for part in c -%}
             {%- if part['type'] in ['image', 'image_url'] -%}
-                {{- '<|media_begin|>image<|media_content|><|media_pad|><|media_end|>' -}}
+                {{- '<|media_begin|>image<|media_content|><|media_pad|><|media_end|>\\n' -}}
             {%- elif part['type'] in ['video', 'video_url'] -%}
                 {{- '<|kimi_k25_video_placeholder|>' -}}
             {%- else -%}
@@ -79,10 +96,13 @@ KIMI_K25_TEMPLATE = """{%- macro render_content(msg) -%}
         {%- endfor -%}
     {%- endif -%}
 {%- endmacro -%}
-{%- set ns = namespace(last_user=-1) -%}
+{%- set ns = namespace(last_reply=-1) -%}
 {%- for message in messages -%}
-    {%- if message['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
+    {%- if message['role'] == 'assistant' and not message.get('tool_calls') -%}{%- set ns.last_reply = loop.index0 -%}{%- endif -%}
 {%- endfor -%}
+{%- if messages|length == 0 or messages[0]['role'] != 'system' -%}
+    {{- '<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>' -}}
+{%- endif -%}
 {%- for message in messages -%}
     {%- if message['role'] == 'system' -%}
         {{- '<|im_system|>system<|im_middle|>' + render_content(message) + '<|im_end|>' -}}
@@ -90,7 +110,7 @@ KIMI_K25_TEMPLATE = """{%- macro render_content(msg) -%}
         {{- '<|im_user|>user<|im_middle|>' + render_content(message) + '<|im_end|>' -}}
     {%- elif message['role'] == 'assistant' -%}
         {{- '<|im_assistant|>assistant<|im_middle|>' -}}
-        {%- if loop.index0 > ns.last_user and message.get('reasoning_content') -%}
+        {%- if loop.index0 > ns.last_reply and message.get('reasoning_content') -%}
             {{- '<think>' + message['reasoning_content'] + '</think>' -}}
         {%- else -%}
             {{- '<think></think>' -}}

@@ -19,6 +19,16 @@ the three FIM tokens, ``<|im_start|>``, ``<|im_end|>`` (EOS) in LFM2's order (0.
 then ``<image>`` (396 upstream), the 100 tile position tokens ``<|img_row_R_col_C|>`` for R, C
 in 1..10 (the most a grid of ``max_tiles`` 10 needs), ``<|img_thumbnail|>``,
 ``<|image_start|>``, ``<|image_end|>`` (their upstream ids are not checked here).
+
+Provenance: every value above was compared with a copy of the checkpoint's files,
+varun00391/local-finetuned-model ``LiquidAI:LFM2-VL-450M/lfm2-450m/`` @ a913c339 (the
+transformers 4.55 revision): ``chat_template.jinja`` equal character for character;
+``processor_config.json`` equal in every image setting (its ``use_image_special_tokens`` true is
+also ``Lfm2VlProcessor``'s default, so it is not written here); ``preprocessor_config.json``'s
+mean / std / ``resample`` / ``rescale_factor`` / ``max_num_patches`` / ``patch_size`` equal (it names
+the remote-code ``Siglip2ImageProcessor``); ``special_tokens_map.json``'s BOS / EOS / PAD and image
+tokens equal; ``config.json``'s ``image_token_index`` 396, ``conv_L_cache`` 3 and its 16 layer types
+as described. Token ids other than the specials' order: not the checkpoint's (by design).
 """
 
 from __future__ import annotations

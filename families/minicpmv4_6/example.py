@@ -17,6 +17,17 @@ checkpoint's preprocessor_config.json carries (scale_resolution 448, patch_size 
 max_slice_nums 9, slice_mode true, downsample_mode "16x", use_image_id true, ImageNet standard
 mean/std 0.5); the checkpoint's files could not be read offline, so these are the documented
 class values, not a copy of the file.
+
+Provenance: image settings are ``MiniCPMV4_6ImageProcessorPil``'s class defaults, not verified
+against the checkpoint's ``preprocessor_config.json``; transformers' own processor test
+(huggingface/transformers ``tests/models/minicpmv4_6/test_processing_minicpmv4_6.py`` @ 05ac5107,
+whose tiny processor is made from openbmb/MiniCPM-V-4_6) names the checkpoint's
+``scale_resolution`` 448 and ``max_slice_nums`` 9, which agree. The chat template and special
+tokens are the Qwen3.5 example's plus MiniCPM-V's markup: not verified against the checkpoint,
+and known to differ in one respect: transformers' model doc (``docs/source/en/model_doc/minicpmv4_6.md``
+@ 0d7e95d9) says the checkpoint's template takes ``enable_thinking``, which this one ignores (what
+its generation prompt and replies then render, and so the masks, is unverified). The hub id the
+docs load is ``openbmb/MiniCPM-V-4_6``.
 """
 
 from __future__ import annotations

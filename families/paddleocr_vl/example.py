@@ -23,6 +23,15 @@ Sources (the hub files could not be read offline): the image settings as candle'
 example quotes them "from preprocessor_config.json" (147384 / 2822400, [-1, 1] normalisation);
 the chat template as a published copy of the checkpoint's ``chat_template.jinja`` gives it
 (``Assistant:\\n``; some third-party copies of an older revision write ``Assistant: ``).
+
+Provenance: image settings as huggingface/candle ``candle-examples/examples/paddleocr-vl/main.rs``
+@ 2c4d4407 quotes them "from preprocessor_config.json" (patch 14, merge 2, 147384 / 2822400
+pixels, [-1, 1] normalisation); transformers' class defaults differ (384 * 384 / 1536 * 1536), so
+these are the checkpoint's. The chat template equals character for character a copy in the code
+index whose header says it is copied from PaddlePaddle/PaddleOCR-VL (index file 70290682601;
+the index does not name its repository), and the structure of a second, older copy (an OpenVINO
+notebook's, ``Assistant: `` and an ``image_token`` variable) apart from those two revisions' known
+differences. ERNIE special tokens and their ids: not verified against the checkpoint.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from families.registry import example_family
+from families.registry import example_family, family_of_example
+from families.requirements import check_transformers
 from prep.example.media import (
     garbage_bytes,
     make_image_bytes,
@@ -136,8 +137,12 @@ def write_example_dataset(
 
     Returns:
         Path of ``dataset_info.json``.
+
+    Raises:
+        TransformersVersionError: The installed transformers predates the family's classes.
     """
     out_dir = Path(out_dir)
+    check_transformers(family_of_example(family))  # before the example imports the family's classes
     example = example_family(family)
     example.build_processor(out_dir / "processor")
     if example.build_model is not None:

@@ -1,9 +1,11 @@
 """`prep shards` stage: a packed directory's ``plan.arrow`` -> webdataset shards + ``shards.json``.
 
 Inputs: ``PACKED/plan.arrow`` (:mod:`schemas.plan`) and the tokenized parts it names, pinned
-by their manifests' sha256 (a changed input is refused, never silently mixed). Outputs:
+by their manifests' sha256 (a changed input is refused, never silently mixed), and the plan
+header's ``pack_size`` checked equal to ``PACKED/manifest.json``'s. Outputs:
 ``PACKED/shards/shard-NNNNNN.tar`` (:mod:`schemas.packed`) and ``PACKED/shards.json``
-(`ShardsManifest`). Nothing else is read: the plan is the contract with `prep pack`.
+(`ShardsManifest`). The plan is the contract with `prep pack`; the manifest is read only for
+that check.
 
 Invariants: one task per shard, written via temp + rename, so a rerun writes only the
 missing shards and ends byte-identical to an uninterrupted run; every shard is read back
@@ -29,9 +31,16 @@ from prep.shards.core import ShardTask
 from prep.shards.readback import check_shards
 from prep.shards.worker import ShardWorker
 from schemas.layout import MANIFEST_FILE, SAMPLES_DIR
-from schemas.manifest import SHARDS_MANIFEST_FILE, ManifestError, ShardsManifest, file_sha256, read_manifest
+from schemas.manifest import (
+    SHARDS_MANIFEST_FILE,
+    ManifestError,
+    PackManifest,
+    ShardsManifest,
+    file_sha256,
+    read_manifest,
+)
 from schemas.packed import SHARDS_DIR, shard_difference, shard_name
-from schemas.plan import PLAN_FILE, PackPlan, read_plan
+from schemas.plan import PLAN_FILE, PackPlan, PlanError, read_plan
 from schemas.tokenized import TokenizedPartError
 
 log = logging.getLogger(__name__)
@@ -54,6 +63,24 @@ def _check_inputs(plan: PackPlan) -> None:
                 f"{item.path} changed or vanished since the plan was made (its {MANIFEST_FILE} differs); rerun "
                 "`prep pack` into a new directory"
             )
+
+
+def _check_pack_size(plan: PackPlan, out: Path) -> None:
+    """The plan header's ``pack_size`` (what the shards are cut to) is the pack manifest's (what
+    `train` and `prep energon-index` read). A directory without ``manifest.json`` (`prep pack`
+    stopped before writing it) has no second copy to disagree with.
+
+    Raises:
+        PlanError: The two differ: one file was edited or copied in from another run.
+    """
+    if not (out / MANIFEST_FILE).is_file():
+        return
+    manifest = read_manifest(out / MANIFEST_FILE, PackManifest)
+    if manifest.pack_size != plan.pack_size:
+        raise PlanError(
+            f"{out / PLAN_FILE} has pack_size {plan.pack_size} but {out / MANIFEST_FILE} has {manifest.pack_size}: "
+            "one was edited or copied from another run; rerun `prep pack` into a new directory"
+        )
 
 
 def _tasks(plan: PackPlan, rows: pa.Table) -> list[ShardTask]:
@@ -109,13 +136,14 @@ def run_shards(config: ShardsConfig) -> ShardsManifest:
     """Write the shards a plan names that are missing, read all back, write ``shards.json``.
 
     Raises:
-        PlanError: No readable ``plan.arrow``.
+        PlanError: No readable ``plan.arrow``, or its ``pack_size`` differs from ``manifest.json``'s.
         TokenizedPartError, MediaVanishedError: An input changed or vanished since planning.
         PackConservationError: A shard on disk does not match the plan.
     """
     out = Path(config.packed_dir)
     plan_path = out / PLAN_FILE
     plan, rows = read_plan(plan_path)
+    _check_pack_size(plan, out)
     _check_inputs(plan)
     (out / SHARDS_DIR).mkdir(exist_ok=True)
     clear_stale(out / SHARDS_DIR)

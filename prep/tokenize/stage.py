@@ -276,7 +276,9 @@ def _processor_identity(path: str) -> ProcessorIdentity:
     """Load the processor once here, so a wrong ``--processor`` is one message before any output."""
     from families.processor import ProcessorLoadError, load_processor_once
     from families.registry import counter_image_attention
+    from families.requirements import check_processor_class, declared_processor_class
 
+    check_processor_class(declared_processor_class(path))  # one line, not an ImportError inside transformers
     try:
         raw = load_processor_once(path).identity()
     except ProcessorLoadError:

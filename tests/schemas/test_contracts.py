@@ -163,3 +163,22 @@ def test_prep_shards_refuses_inputs_changed_since_planning(tok: Path, tmp_path: 
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(main, ["shards", str(tmp_path / "empty")])
     assert result.exit_code != 0 and "run `prep pack` first" in result.output
+
+
+def test_prep_shards_refuses_a_plan_whose_pack_size_differs_from_the_manifests(tok: Path, tmp_path: Path) -> None:
+    """Issue 28: the plan header's pack_size cuts the shards, the manifest's is what train reads."""
+    out = tmp_path / "packed"
+    _pack(tok, out, "--plan-only")
+    raw = json.loads((out / MANIFEST_FILE).read_text())
+    assert raw["pack_size"] == read_plan(out / PLAN_FILE)[0].pack_size == 1024
+    raw["pack_size"] = raw["config"]["pack_size"] = 2048  # both copies, so the manifest itself reads
+    (out / MANIFEST_FILE).write_text(json.dumps(raw))
+    result = CliRunner().invoke(main, ["shards", str(out), "--executor", "local"])
+    assert result.exit_code == 2, result.output
+    assert "has pack_size 1024 but" in result.output and "has 2048" in result.output
+    assert "rerun `prep pack` into a new directory" in result.output
+    assert not list((out / "shards").glob("*.tar"))  # refused before writing
+    raw["pack_size"] = raw["config"]["pack_size"] = 1024  # agreeing again: shards are written
+    (out / MANIFEST_FILE).write_text(json.dumps(raw))
+    result = CliRunner().invoke(main, ["shards", str(out), "--executor", "local"])
+    assert result.exit_code == 0, result.output

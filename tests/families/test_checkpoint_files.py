@@ -1,0 +1,154 @@
+"""The example processors' checkpoint files against public copies of the real ones (issue 30).
+
+Each value pinned here was compared with the source named beside it (repository, file, commit);
+``families/<name>/example.py`` records the provenance of every value, verified or not. A change
+to one of these values changes token counts or assistant masks, so it must come with a source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from families.gemma4.example import GEMMA4_CHAT_TEMPLATE
+from families.kimi_k25.example import KIMI_K25_TEMPLATE
+from families.lfm2_vl.example import CHAT_TEMPLATE as LFM2_VL_TEMPLATE
+from families.lfm2_vl.example import PREPROCESSOR_CONFIG as LFM2_VL_SETTINGS
+from families.paddleocr_vl.example import IMAGE_SETTINGS as PADDLEOCR_VL_SETTINGS
+from families.paddleocr_vl.example import PADDLEOCR_VL_CHAT_TEMPLATE
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _render(template: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    """The template as transformers renders a chat template (its sandboxed jinja environment)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    return str(_compile_jinja_template(template).render(messages=messages, **kwargs))
+
+
+def test_lfm2_vl_template_and_image_settings_are_the_checkpoints() -> None:
+    # varun00391/local-finetuned-model LiquidAI:LFM2-VL-450M/lfm2-450m/chat_template.jinja @ a913c339
+    # (434 characters): equal character for character
+    assert _sha256(LFM2_VL_TEMPLATE) == "cf0af741b36248dfe460af825b0b3acb3c651cf7dd40a74c29447f60b75d2b9b"
+    # ... processor_config.json @ a913c339 (the image settings the counter reads)
+    checkpoint = {
+        "do_image_splitting": True,
+        "downsample_factor": 2,
+        "encoder_patch_size": 16,
+        "max_image_tokens": 256,
+        "max_num_patches": 1024,
+        "max_pixels_tolerance": 2.0,
+        "max_tiles": 10,
+        "min_image_tokens": 64,
+        "min_tiles": 2,
+        "tile_size": 512,
+        "use_thumbnail": False,
+    }
+    assert {k: LFM2_VL_SETTINGS[k] for k in checkpoint} == checkpoint
+    # ... preprocessor_config.json @ a913c339 (pixels)
+    assert LFM2_VL_SETTINGS["resample"] == 2 and LFM2_VL_SETTINGS["image_mean"] == LFM2_VL_SETTINGS["image_std"]
+    assert LFM2_VL_SETTINGS["image_mean"] == [0.5, 0.5, 0.5]
+
+
+def test_paddleocr_vl_template_and_pixel_limits_are_the_checkpoints() -> None:
+    # the copy of PaddlePaddle/PaddleOCR-VL chat_template.jinja in the code index (file 70290682601, the
+    # "Assistant:\n" revision; its repository is not named by the index): equal character for character
+    assert _sha256(PADDLEOCR_VL_CHAT_TEMPLATE) == "2f27812dab7f333e471884e0c803d807f11953d5453140dfb1aaba234f872bc8"
+    # huggingface/candle candle-examples/examples/paddleocr-vl/main.rs @ 2c4d4407, "from
+    # preprocessor_config.json" (transformers' class defaults are 384 * 384 and 1536 * 1536)
+    assert (PADDLEOCR_VL_SETTINGS["min_pixels"], PADDLEOCR_VL_SETTINGS["max_pixels"]) == (147384, 2822400)
+    assert (PADDLEOCR_VL_SETTINGS["patch_size"], PADDLEOCR_VL_SETTINGS["merge_size"]) == (14, 2)
+    assert PADDLEOCR_VL_SETTINGS["temporal_patch_size"] == 1
+
+
+def test_gemma4_template_renders_as_the_checkpoints() -> None:
+    """ggml-org/llama.cpp models/templates/gemma4.jinja @ 75f1ba73, the parts a conversation without
+    tools reaches: BOS, the system turn (``<|think|>`` first when thinking), trimmed text, images as
+    ``"\\n\\n<|image|>\\n\\n"``, thought channels stripped from replies, the empty thought channel the
+    generation prompt closes unless thinking is on."""
+    messages = [
+        {"role": "system", "content": " Be brief. "},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " What is it? "}]},
+        {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>A cat."},
+        {"role": "user", "content": "Sure?"},
+    ]
+    text = _render(GEMMA4_CHAT_TEMPLATE, messages, bos_token="<bos>", add_generation_prompt=True)
+    assert text == (
+        "<bos><|turn>system\nBe brief.<turn|>\n"
+        "<|turn>user\n\n\n<|image|>\n\nWhat is it?<turn|>\n"
+        "<|turn>model\nA cat.<turn|>\n"
+        "<|turn>user\nSure?<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>"
+    )
+    thinking = _render(
+        GEMMA4_CHAT_TEMPLATE, messages[1:2], bos_token="<bos>", add_generation_prompt=True, enable_thinking=True
+    )
+    assert (
+        thinking
+        == "<bos><|turn>system\n<|think|><turn|>\n<|turn>user\n\n\n<|image|>\n\nWhat is it?<turn|>\n<|turn>model\n"
+    )
+
+
+KIMI_DEFAULT_SYSTEM = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+KIMI_IMAGE = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>\n"
+
+
+def test_kimi_k25_template_renders_k2_thinking_structure() -> None:
+    """Kimi-K2-Thinking's template (ggml-org/llama.cpp models/templates/moonshotai-Kimi-K2-Thinking.jinja
+    @ 0c3c896e), which K2.5 keeps (thinking-machines-lab/tinker-cookbook tinker_cookbook/renderers/kimi_k25.py
+    @ 0703356c): a default system turn when none opens the conversation; each image followed by a newline;
+    every message up to the last reply without tool calls is history, whose replies carry an empty
+    ``<think></think>``; replies after it keep their reasoning; the generation prompt opens ``<think>``.
+    Before this was checked, the example had no default system turn, no newline after an image and kept
+    the reasoning of every reply after the last user turn (a finished conversation's last reply)."""
+    user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}
+    reply = {"role": "assistant", "content": "A cat.", "reasoning_content": "look"}
+    finished = _render(KIMI_K25_TEMPLATE, [user, reply])
+    assert finished == (
+        f"{KIMI_DEFAULT_SYSTEM}<|im_user|>user<|im_middle|>{KIMI_IMAGE}What?<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think></think>A cat.<|im_end|>"
+    )
+    tool_call = {"role": "assistant", "content": "", "reasoning_content": "call it", "tool_calls": [{"id": "f:0"}]}
+    kept = _render(KIMI_K25_TEMPLATE, [{"role": "system", "content": "S"}, user, reply, user, tool_call])
+    assert kept.startswith("<|im_system|>system<|im_middle|>S<|im_end|>")  # no default when a system turn opens
+    assert kept.endswith("<|im_assistant|>assistant<|im_middle|><think>call it</think><|im_end|>")
+    assert kept.count("<think></think>A cat.") == 1
+    prompt = _render(KIMI_K25_TEMPLATE, [user], add_generation_prompt=True)
+    assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>")
+    assert _render(KIMI_K25_TEMPLATE, [user], add_generation_prompt=True, thinking=False).endswith("<think></think>")
+
+
+@pytest.fixture(scope="module")
+def kimi_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from transformers import AutoTokenizer
+
+    from families.kimi_k25.example import EXAMPLES
+
+    root: Path = EXAMPLES[0].build_processor(tmp_path_factory.mktemp("kimi") / "processor")
+    return AutoTokenizer.from_pretrained(str(root))
+
+
+def test_kimi_k25_masks_train_the_reply_after_the_think_prefill(kimi_tokenizer: Any) -> None:
+    """The mask of each reply starts after the generation prompt's ``<think>``: ``</think>`` + reply +
+    ``<|im_end|>``, the reasoning of history replies dropped as the checkpoint's template drops it."""
+    from prep.tokenize.template import render_with_spans
+
+    user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}
+    messages = [
+        user,
+        {"role": "assistant", "content": "A cat.", "reasoning_content": "look"},
+        {"role": "user", "content": "Sure?"},
+        {"role": "assistant", "content": "Yes.", "reasoning_content": "check"},
+    ]
+    rendered = render_with_spans(kimi_tokenizer, KIMI_K25_TEMPLATE, messages)
+    assert rendered.text.startswith(KIMI_DEFAULT_SYSTEM)
+    assert [rendered.text[a:b] for a, b in rendered.assistant_spans] == [
+        "</think>A cat.<|im_end|>",
+        "</think>Yes.<|im_end|>",
+    ]
