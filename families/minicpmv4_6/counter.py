@@ -25,9 +25,45 @@ processor, up to two-digit k), and the counter numbers it per sample (:meth:`Min
 Example: 1000x300 -> grid (1, 3) (multiple 2: 1x2 / 1x3 / 2x1 / 1x1 -> log 3 closest to
 log 3.33); source 224x840 px -> 16*60/16 = 60 tokens; 3 slices of 448x448 px -> 64 tokens each.
 
-Video is not counted in closed form: ``MiniCPMV4_6VideoProcessor`` (torchvision only) stacks
-sub-second frames into canvases and slices frames by content sizes; :attr:`counts_video` is
-False, so video samples run the real processor (exact) or become ``processor_rejected`` rows.
+Video (``MiniCPMV4_6VideoProcessor``, torchvision only, and ``replace_video_token``) is counted in
+closed form from the container header (frame count T, float rate r as PyAV reads it, width,
+height) and the sampling settings (``max_num_frames`` M: ``VideoSampling.max_frames`` else the
+video processor's; ``stack_frames`` k from its config). Nothing reads pixel values (no
+de-duplication by content), so the count is exact wherever transformers' PyAV reader decodes T
+frames, as `prep.sources.media` and `train.media` assume for every family:
+
+- ``sample_frames``, duration d = T / r: one main frame a second, index ``int(s * r)`` for
+  s < ceil(d); past M seconds, 0.1 s steps (``min(int(round(i * 0.1, 1) * r), T - 1)``)
+  spread over M by ``np.linspace``. With k > 1 also the sub-second times s + j/k < d (at most
+  M(k-1), spread alike), index ``min(int(t * r), T - 1)``. VideoSampling.fps is not used: the
+  processor takes no fps.
+- the PyAV reader keeps every decoded frame whose index is listed, once, in time order, up to
+  the last listed index (`VideoPlan.frame_indices`): repeated indices (r < 1, or sub-second
+  times that land on a main frame) give fewer frames than indices.
+- ``_preprocess`` (k > 1) takes the *last* n (the number of sub-second times) decoded frames as
+  the sub-second ones and the rest as main frames, whatever their times; per second, its
+  sub-second frames (2, 3, 4 or more) are stacked on one canvas (``concat_frames_as_image``: 2x2
+  for 4, the squarer of 1xn / nx1 for 2 and 3, else 1xn; 6 px lines), placed after that
+  second's main frame. Where that leaves no main frame, or a second with times but no frame,
+  the processor fails (ValueError / RuntimeError): an error row here.
+- every unit (frame or canvas) is sliced like an image (`slice_plan`, the video processor's
+  own settings) and written as ``<image>`` + n0 x ``<|video_pad|>`` + ``</image>`` + slice rows,
+  units back to back; ``<image_id>k</image_id>`` once before the video, k its place among the
+  sample's videos (images are numbered apart).
+
+transformers' d is ``float(T / Fraction(rate))``; from the float rate we compute T / r, equal to
+it when the rate is exactly a float (`exact_rate`: 30, 25, 12.5, ...), else within 3 ulps. The
+plan reads d only through ``ceil(d)``, ``d > M``, ``int(d / 0.1)`` and ``t < d``, all monotone:
+where they agree 4 ulps either side the count is exact, else (an NTSC rate whose duration is
+exactly on a boundary, e.g. 30000 frames at 30000/1001: 1001 s) an error row, never a guess.
+Headers without a frame count (some mkv/webm): `prep.sources.media` counts packets, but
+transformers' reader sees T = 0 and fails; the closed form counts what the frames give (and
+`train.media` decodes them the same way). With ``do_sample_frames`` or ``do_resize`` off in the
+video config, :attr:`MiniCPMV4_6Counter.counts_video` is False: the real processor runs.
+Example: 46 frames at 30000/1001 fps, 200x120 (1.53 s): frames 0 and 29, each unsliced at
+336x560 px -> 60 tokens: ``<image_id>0</image_id>`` + 2 x (``<image>`` + 60 + ``</image>``);
+with k = 3 the reader keeps frames 0, 9, 19, 29, 39, main 0 and 9, canvases of 2 (246x200:
+frames 19 and 29 stacked tall) and 1 frame: 4 units.
 """
 
 from __future__ import annotations
