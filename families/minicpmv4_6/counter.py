@@ -296,8 +296,9 @@ def video_plan(meta: VideoMeta, *, max_num_frames: int, stack_frames: int) -> Vi
     units: list[tuple[int, int]] = []
     for i in range(main):
         units.append(frame)
-        if i < len(canvases) and canvases[i] is not None:
-            units.append(canvases[i])  # type: ignore[arg-type]
+        canvas = canvases[i] if i < len(canvases) else None
+        if canvas is not None:
+            units.append(canvas)
     if not units:
         raise MediaRejected(f"{total} frames at {fps!r} fps: the video processor keeps no main frame")
     return VideoPlan(frame_indices=kept, units=tuple(units))
