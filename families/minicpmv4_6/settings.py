@@ -3,7 +3,9 @@
 ``MiniCPMV4_6ImageProcessorPil`` reads ``scale_resolution``, ``max_slice_nums``, ``patch_size``,
 ``slice_mode`` and ``downsample_mode`` from its config (``MiniCPMV4_6Processor.images_kwargs``
 sets none of them); ``use_image_id`` is the processor's own when set, else the image
-processor's (``MiniCPMV4_6Processor.__call__``).
+processor's (``MiniCPMV4_6Processor.__call__``). The video processor's settings are its own
+(``MiniCPMV4_6Processor.videos_kwargs`` sets none either): the loaded video processor's, or
+``video_preprocessor_config.json`` over the class values (`VIDEO_CLASS_DEFAULTS`) without torchvision.
 """
 
 from __future__ import annotations
@@ -15,6 +17,18 @@ from families.processor import ProcessorBundle, ProcessorLoadError
 from families.settings import effective_image_settings
 
 IMAGE_KEYS = ("scale_resolution", "max_slice_nums", "patch_size", "slice_mode", "downsample_mode", "use_image_id")
+#: ``MiniCPMV4_6VideoProcessor``'s class attributes (transformers 5.24), for keys its config leaves out
+VIDEO_CLASS_DEFAULTS: dict[str, Any] = {
+    "scale_resolution": 448,
+    "max_slice_nums": 9,
+    "patch_size": 14,
+    "slice_mode": True,
+    "downsample_mode": "16x",
+    "max_num_frames": 128,
+    "stack_frames": 1,
+    "do_sample_frames": True,
+    "do_resize": True,
+}
 MARKUP = (
     "image_start_token",
     "image_end_token",
@@ -23,6 +37,46 @@ MARKUP = (
     "image_id_start_token",
     "image_id_end_token",
 )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MiniCPMV4_6VideoSettings:
+    """``MiniCPMV4_6VideoProcessor``'s settings: every frame (and stacked canvas) is sliced like an image."""
+
+    scale_resolution: int
+    max_slice_nums: int
+    patch_size: int
+    slice_mode: bool
+    downsample_mode: str
+    max_num_frames: int  # main frames (one a second; a long video's spread over it)
+    stack_frames: int  # > 1: that many frames a second, the sub-second ones stacked into one canvas
+    do_sample_frames: bool
+    do_resize: bool
+
+    @property
+    def merge_factor(self) -> int:
+        return 2 if self.downsample_mode == "4x" else 4
+
+    @property
+    def patches_per_token(self) -> int:
+        """``MiniCPMV4_6Processor.video_token_divisor``."""
+        return 4 if self.downsample_mode == "4x" else 16
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> MiniCPMV4_6VideoSettings:
+        """``config`` (the video processor's dict or file) wins; the class values fill what it leaves out."""
+        merged = {**VIDEO_CLASS_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+        return cls(
+            scale_resolution=int(merged["scale_resolution"]),
+            max_slice_nums=int(merged["max_slice_nums"]),
+            patch_size=int(merged["patch_size"]),
+            slice_mode=bool(merged["slice_mode"]),
+            downsample_mode=str(merged["downsample_mode"]),
+            max_num_frames=int(merged["max_num_frames"]),
+            stack_frames=int(merged["stack_frames"]),
+            do_sample_frames=bool(merged["do_sample_frames"]),
+            do_resize=bool(merged["do_resize"]),
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,6 +93,7 @@ class MiniCPMV4_6Settings:
     slice_mode: bool
     downsample_mode: str  # "16x": ViT window merger + MLP merger (16 patches a token); "4x": MLP only
     use_image_id: bool  # prepend <image_id>k</image_id>, k the image's place in its sample
+    video: MiniCPMV4_6VideoSettings
 
     @property
     def merge_factor(self) -> int:
@@ -78,4 +133,5 @@ class MiniCPMV4_6Settings:
             slice_mode=bool(values["slice_mode"]),
             downsample_mode=str(values["downsample_mode"]),
             use_image_id=bool(values["use_image_id"] if use_image_id is None else use_image_id),
+            video=MiniCPMV4_6VideoSettings.from_config(bundle.video_config),
         )

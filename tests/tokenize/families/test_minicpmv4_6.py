@@ -122,9 +122,12 @@ def test_image_ids_count_per_sample_past_ten(bundle, images):
     assert [text.count(f"<image_id>{k}</image_id>") for k in range(12)] == [1] * 12
 
 
-def test_video_sample_is_exact_or_a_clear_error_row(bundle, tmp_path):
-    err = cases.assert_video_needs_real_processor(bundle, cases.video_conversation(tmp_path / "clip.mp4"))
-    assert "real processor" in str(err)
+def test_video_is_counted_without_the_processor(bundle, tmp_path):
+    """The counter module's worked example; against the real processor: test_minicpmv4_6_video.py (torchvision)."""
+    clip = cases.write_video(tmp_path / "clip.mp4", 46, 30000 / 1001, 200, 120)
+    sample = SampleTokenizer(bundle).tokenize(cases.video_conversation(clip), VideoSampling())
+    ((_, count),) = sample.media
+    assert (count.frame_indices, count.grid_t, count.num_tokens, count.num_tiles) == ((0, 29), 2, 120, 2)
 
 
 def _grid_sizes() -> list[tuple[int, int]]:
