@@ -115,16 +115,14 @@ class KimiK25Counter:
     def sample_frames(self, meta: VideoMeta, sampling: VideoSampling) -> list[int]:
         """``video_utils.default_sample_indices_fn`` at the dataset's fps (every frame without one)."""
         total = meta.num_frames
-        if sampling.fps is None:
-            return list(range(total))
-        n = max(1, int(total / meta.fps * sampling.fps))
+        n = total if sampling.fps is None else max(1, int(total / meta.fps * sampling.fps))
         if n > total:
             raise MediaRejected(f"video of {total} frames cannot be sampled to {n} frames at {sampling.fps} fps")
         if (sampling.min_frames is not None and n < sampling.min_frames) or (
             sampling.max_frames is not None and n > sampling.max_frames
         ):
             raise MediaRejected(
-                f"{n} frames at {sampling.fps} fps, outside the dataset's min_frames {sampling.min_frames} / "
+                f"{n} frames at fps {sampling.fps}, outside the dataset's min_frames {sampling.min_frames} / "
                 f"max_frames {sampling.max_frames}: {self.processor_class} has no frame limits (it samples by fps "
                 "only); change the dataset's video fps or limits"
             )

@@ -184,7 +184,11 @@ def test_frames_outside_the_datasets_limits_are_refused(counter):
     """The processor has no min / max frames: a sample whose fps sampling falls outside them is an error row."""
     meta = VideoMeta(num_frames=300, fps=30.0, width=64, height=48)  # 10 s: 20 frames at 2 fps
     assert len(counter.count_video(meta, VideoSampling(fps=2.0, min_frames=4, max_frames=64)).frame_indices) == 20
-    for sampling in (VideoSampling(fps=2.0, max_frames=16), VideoSampling(fps=2.0, min_frames=21)):
+    for sampling in (
+        VideoSampling(fps=2.0, max_frames=16),
+        VideoSampling(fps=2.0, min_frames=21),
+        VideoSampling(fps=None, max_frames=64),  # every frame: 300
+    ):
         with pytest.raises(MediaRejected, match="no frame limits"):
             counter.count_video(meta, sampling)
 
