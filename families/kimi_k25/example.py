@@ -7,6 +7,9 @@ Settings of moonshotai/Kimi-K2.5 (its ``preprocessor_config.json`` ``media_proc_
 (``patch_size``, ``merge_size``, ``max_patches``, ``size.max_height`` / ``max_width``), whose
 ``Kimi_K25ImageProcessor`` / ``Kimi_K25VideoProcessor`` class defaults carry the same values.
 Both are torchvision classes: loading this directory with its image processor needs torchvision.
+The video keys are what `families.kimi_k25.settings.KimiK25VideoSettings` reads (frames resized
+with the 4096-patch budget, chunks of 4); ``fps`` / ``do_sample_frames`` are overridden by the
+dataset's sampling at every call. The tiny model's ``pos_emb_time`` (4) covers a chunk's frames.
 
 Tokenizer: a small byte-level BPE (the checkpoint's tiktoken split without its Han-class
 intersections) carrying Kimi's special tokens at ids 0.. in the checkpoint's order

@@ -1,9 +1,10 @@
-"""What both Kimi K2.5 faces read from the processor, derived once: the image token and the NaViT resize.
+"""What both Kimi K2.5 faces read from the processor, derived once: the media tokens and the NaViT resize.
 
-``Kimi_K25ImageProcessor`` exists only as a torchvision class. Without torchvision
-`families.processor.load_processor` keeps its ``preprocessor_config.json`` as a settings-only
-object, so the counter runs anywhere; the class defaults below fill keys the file leaves out
-(transformers 5.24 ``image_processing_kimi_k25.Kimi_K25ImageProcessor``).
+``Kimi_K25ImageProcessor`` and ``Kimi_K25VideoProcessor`` exist only as torchvision classes.
+Without torchvision `families.processor.load_processor` keeps ``preprocessor_config.json`` as a
+settings-only object and ``video_preprocessor_config.json`` as ``bundle.video_config``, so the
+counter runs anywhere; the class defaults below fill keys the files leave out (transformers 5.24
+``image_processing_kimi_k25.Kimi_K25ImageProcessor``, ``video_processing_kimi_k25.Kimi_K25VideoProcessor``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ KIMI_IMAGE_CLASS_DEFAULTS: dict[str, Any] = {
     "max_patches": 16384,
     "size": {"max_height": 512, "max_width": 512},
 }
+# Kimi_K25VideoProcessor class attributes (its fps / do_sample_frames are never read: the dataset's
+# VideoSampling is passed at every call, `KimiK25Counter.processor_video_kwargs`).
+KIMI_VIDEO_CLASS_DEFAULTS: dict[str, Any] = {
+    **KIMI_IMAGE_CLASS_DEFAULTS,
+    "max_patches": 4096,
+    "temporal_patch_size": 4,
+}
 IMAGE_TOKEN = "<|media_pad|>"  # Kimi_K25Processor.image_token unless the tokenizer names one
+VIDEO_TOKEN = "<|kimi_k25_video_placeholder|>"  # Kimi_K25Processor.video_token, likewise
 
 
 def _max_side_patches(size: Any) -> int:
@@ -34,6 +43,35 @@ def _max_side_patches(size: Any) -> int:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class KimiK25VideoSettings:
+    """``Kimi_K25VideoProcessor``'s settings: the NaViT resize of each frame and the chunk length."""
+
+    patch_size: int  # 14 px
+    merge_size: int  # 2: each chunk spends one frame's (gh / 2)(gw / 2) tokens
+    max_patches: int  # patch budget of one frame before padding (4096)
+    max_side_patches: int  # size.max_height (512)
+    temporal_patch_size: int  # frames per chunk (4); the last chunk may hold fewer
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> KimiK25VideoSettings:
+        """``config`` (the video processor's, loaded or read as JSON) wins over the class defaults."""
+        names = tuple(KIMI_VIDEO_CLASS_DEFAULTS)
+        merged = {k: KIMI_VIDEO_CLASS_DEFAULTS[k] if config.get(k) is None else config[k] for k in names}
+        return cls(
+            patch_size=int(merged["patch_size"]),
+            merge_size=int(merged["merge_size"]),
+            max_patches=int(merged["max_patches"]),
+            max_side_patches=_max_side_patches(merged["size"]),
+            temporal_patch_size=int(merged["temporal_patch_size"]),
+        )
+
+    @property
+    def factor(self) -> int:
+        """Pixels a side of one token (patch x merge): padded frame sides are multiples of it."""
+        return self.patch_size * self.merge_size
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class KimiK25Settings:
     """The processor's settings both faces use (`KimiK25Counter`, `KimiK25Layout`)."""
 
@@ -42,6 +80,8 @@ class KimiK25Settings:
     merge_size: int  # 2: the 2x2 patch merger
     max_patches: int  # total patch budget before padding (16384)
     max_side_patches: int  # patches a side may span (size.max_height, 512)
+    video_token_id: int  # <|kimi_k25_video_placeholder|>: each stands for one chunk's merge x merge patches
+    video: KimiK25VideoSettings
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> KimiK25Settings:
@@ -54,6 +94,10 @@ class KimiK25Settings:
             merge_size=int(merged["merge_size"]),
             max_patches=int(merged["max_patches"]),
             max_side_patches=_max_side_patches(merged["size"]),
+            video_token_id=bundle.token_id(VIDEO_TOKEN, "video_token"),
+            # no video_preprocessor_config.json: transformers builds the video processor from
+            # preprocessor_config.json, which `load_processor` keeps as image_config without torchvision
+            video=KimiK25VideoSettings.from_config(bundle.video_config or bundle.image_config or {}),
         )
 
     @property

@@ -69,10 +69,6 @@ def test_known_counts_without_pixels(bundle, size, expected):
     assert count.expansion == (bundle.tokenizer.convert_tokens_to_ids(MEDIA_PAD),) * expected[2]
 
 
-def test_video_is_an_unsupported_media_error(bundle):
-    cases.assert_video_unsupported(KimiK25Counter.from_processor(bundle))
-
-
 # --- against the real processor (torchvision) ----------------------------------------------------
 
 
@@ -162,11 +158,12 @@ def test_sample_tokenizer_equals_the_processor_and_masks_the_replies(bundle, med
 
 @pytest.mark.torchvision
 def test_stage_stores_the_processor_ids_and_error_rows(kimi_dir, bundle, media, tmp_path):
-    """``prep tokenize --verify-fraction 1``: every image row verified; a video is an error row."""
+    """``prep tokenize --verify-fraction 1``: every row verified, a video's too (test_kimi_k25_video.py)."""
     pytest.importorskip("torchvision")
     records = [*_records(media)[:4], cases.exchange("<video>x", "y", videos=[cases.VIDEO])]
     run = cases.run_stage(tmp_path, kimi_dir, media.root, records)
-    assert [e["reason"] for e in run.errors] == ["unsupported_media"]
-    assert len(run.rows) == len(records) - 1 and run.manifest.verify.checked == len(run.rows)
+    assert run.errors == []
+    assert len(run.rows) == len(records) and run.manifest.verify.checked == len(run.rows)
     for row, conv in run.conversations(records):
-        assert row["input_ids"] == cases.conversation_ids(bundle, conv)
+        if all(item.kind == "image" for item in conv.media):  # the video row: verified by the stage
+            assert row["input_ids"] == cases.conversation_ids(bundle, conv)
