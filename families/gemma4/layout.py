@@ -89,6 +89,9 @@ class Gemma4Layout:
 
     @property
     def mm_token_ids(self) -> Mapping[int, int]:
+        """Image, and video where the video processor is loaded (torchvision): no video trains without it."""
+        if self.video_processor is None:
+            return {IMAGE: self.image_token_id}
         return {IMAGE: self.image_token_id, VIDEO: self.video_token_id}
 
     @property
