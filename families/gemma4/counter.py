@@ -86,7 +86,7 @@ class Gemma4Counter:
         ids = {a: bundle.token_id(t, a) for a, t in tokens.items()}
         return cls(
             settings=Gemma4Settings.from_processor(bundle),
-            video=Gemma4VideoSettings.from_config(bundle.video_config, bundle.source),
+            video=Gemma4VideoSettings.from_bundle(bundle),
             image_token_id=ids["image_token"],
             boi_token_id=ids["boi_token"],
             eoi_token_id=ids["eoi_token"],

@@ -126,6 +126,16 @@ class Gemma4VideoSettings:
     do_resize: bool
 
     @classmethod
+    def from_bundle(cls, bundle: ProcessorBundle) -> Gemma4VideoSettings:
+        """The loaded video processor's settings; without one (no torchvision) its config where transformers
+        looks: ``processor_config.json``'s ``video_processor`` section, else ``video_preprocessor_config.json``,
+        else ``preprocessor_config.json`` (what `ProcessorBundle.video_config` holds then)."""
+        loaded = getattr(bundle.processor, "video_processor", None) if bundle.processor is not None else None
+        nested = bundle.processor_config.get("video_processor")
+        config = nested if loaded is None and isinstance(nested, dict) else bundle.video_config
+        return cls.from_config(config, bundle.source)
+
+    @classmethod
     def from_config(cls, config: dict[str, Any], source: str) -> Gemma4VideoSettings:
         """From the video processor's config (`ProcessorBundle.video_config`), class defaults for missing keys."""
         merged = {**VIDEO_CLASS_DEFAULTS, **{k: v for k, v in config.items() if k in VIDEO_CLASS_DEFAULTS}}

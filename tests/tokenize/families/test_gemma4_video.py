@@ -21,6 +21,7 @@ Synthetic videos (PyAV) cover tiny, large, extreme-aspect and exactly-at-target 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,7 +41,7 @@ from transformers.video_utils import VideoMetadata  # noqa: E402
 
 from families.gemma4.counter import Gemma4Counter  # noqa: E402
 from families.gemma4.example import BOI, EOI, IMAGE_SOFT, VIDEO_SOFT, build_gemma4_processor_dir  # noqa: E402
-from families.gemma4.settings import VIDEO_CLASS_DEFAULTS  # noqa: E402
+from families.gemma4.settings import VIDEO_CLASS_DEFAULTS, Gemma4VideoSettings  # noqa: E402
 from families.processor import ProcessorBundle, load_processor  # noqa: E402
 from packvlm.sample_error import SampleError  # noqa: E402
 from prep.example.media import write_video  # noqa: E402
@@ -242,3 +243,13 @@ def test_stage_verifies_every_video_sample(gemma_dir, videos, tmp_path):
     assert len(run.rows) == 2 and run.manifest.verify.checked == 2  # a mismatch fails the stage
     for row in run.rows:
         assert [(m["grid_t"], len(m["frame_indices"])) for m in row["media"]] == [(32, 32)]
+
+
+def test_without_a_loaded_video_processor_the_settings_come_from_its_config(bundle):
+    """No torchvision: the video settings where transformers looks (nested section, video file, image file)."""
+    image_only = dataclasses.replace(bundle, processor=None, video_config={"max_soft_tokens": 280, "num_frames": 8})
+    assert Gemma4VideoSettings.from_bundle(image_only).max_soft_tokens == 280  # the fallback transformers takes
+    nested = dataclasses.replace(image_only, processor_config={"video_processor": {"max_soft_tokens": 140}})
+    got = Gemma4VideoSettings.from_bundle(nested)
+    assert (got.max_soft_tokens, got.num_frames) == (140, 32)  # a key the section leaves out: the class default
+    assert Gemma4VideoSettings.from_bundle(bundle).max_soft_tokens == bundle.processor.video_processor.max_soft_tokens
