@@ -13,11 +13,11 @@ Example (google/gemma-4-31B-it, budget 280): 640 x 480 -> resized 912 x 672 (w x
 factor 3.67: 58.7 x 10998 px ideal -> 48 x 10992 -> 1 x 229 = 229.
 
 Video (``Gemma4VideoProcessor`` + ``Gemma4Processor.replace_video_token``): the chat template
-writes ``"\n\n<|video|>\n\n"`` per video; the processor samples frames (`sample_frames`), resizes
+writes ``"\\n\\n<|video|>\\n\\n"`` per video; the processor samples frames (`sample_frames`), resizes
 every frame by the image rule at the video budget (70 soft tokens in the checkpoints) and
 replaces ``<|video|>`` with, per frame, its timestamp ``mm:ss`` (frame index / source fps), a
 space, ``<|image>`` + n x ``<|video|>`` + ``<image|>``, the frames joined by spaces. The first
-timestamp merges with the template's ``"\n\n"`` in BPE, so the expansion is spliced as text
+timestamp merges with the template's ``"\\n\\n"`` in BPE, so the expansion is spliced as text
 (``expansion_text``) and the conversation tokenized whole. Example (checkpoint settings, 32
 frames): a 10 s 320 x 240 clip at 25 fps -> frames 0, 7, 15, ... 242 -> ``"00:00 <|image>`` +
 63 x ``<|video|>`` + ``<image|> 00:00 <|image>...<image|> 00:09 ...``: 32 x 63 soft tokens,
