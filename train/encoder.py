@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from megatron.energon import stateless
 
-from families.layout import IMAGE, Join
+from families.layout import IMAGE, VIDEO, Join
 from families.processor import load_processor_once
 from packvlm.energon import PackedSample, PackedTaskEncoder
 from schemas.packed import LoadedPack
@@ -93,7 +93,9 @@ class PackEncoder:
         layout = self.media.layout
         if getattr(layout, "image_attention", "causal") != "bidirectional":
             return empty_spans()
-        return image_block_spans(pack, ids, layout.mm_token_ids[IMAGE])
+        frames = getattr(layout, "video_attention", "causal") == "bidirectional"  # each video frame a block (Gemma 4)
+        video = layout.mm_token_ids.get(VIDEO) if frames else None
+        return image_block_spans(pack, ids, layout.mm_token_ids[IMAGE], video)
 
     def encode(self, pack: LoadedPack) -> PackedBatch:
         """One pack -> one `PackedBatch` (batch size 1, slot layout)."""

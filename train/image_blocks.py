@@ -20,6 +20,11 @@ in the slot is the k-th tile of the sample's items, in order. That is exact beca
   ``token_type_ids == 1``, and the processor sets ``token_type_ids`` where the id is the soft
   token), so the spans are the model's own blocks.
 
+A family whose layout also declares ``video_attention = "bidirectional"`` (Gemma 4) attends both
+ways inside each video *frame*'s run of soft tokens (transformers groups maximal runs of image
+or video tokens, and each frame's run is closed by its own delimiters): a video item of
+``grid_t`` frames is ``grid_t`` runs of ``num_tokens / grid_t`` video tokens, checked the same way.
+
 Example: a pack of two samples, the second with one image (4 soft tokens per tile here),
 no padding: ``cu_seqlens`` [0 5 14], sample 1 ``[t t B s s s s E t]`` -> spans [[8, 12]].
 """
@@ -48,46 +53,58 @@ def token_runs(ids: np.ndarray, token_id: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
 
 
-def planned_block_lengths(pack: LoadedPack, sample: int) -> list[int]:
-    """Soft tokens per tile of every image tile of ``sample``, in token order, as the plan stores them."""
+def planned_block_lengths(pack: LoadedPack, sample: int, kind: str = "image") -> list[int]:
+    """Soft tokens per block of ``sample``'s items of ``kind``, in token order, as the plan stores them.
+
+    An image's blocks are its tiles (``num_tiles``), a video's its frames (``grid_t``).
+    """
     lengths: list[int] = []
     for item in pack.media:
         meta = item.meta
-        if meta.sample != sample or meta.kind != "image":
+        if meta.sample != sample or meta.kind != kind:
             continue
-        tiles = max(int(meta.num_tiles), 1)
-        if meta.num_tokens % tiles:
+        parts = max(int(meta.num_tiles if kind == "image" else meta.grid_thw[0]), 1)
+        unit = "tiles" if kind == "image" else "frames"
+        if meta.num_tokens % parts:
             raise PlanMismatchError(
                 f"pack {pack.key}, sample {pack.sample_ids[sample]}, member {meta.member}: {meta.num_tokens} tokens do "
-                f"not split into {tiles} equal tiles; re-run prep tokenize and pack"
+                f"not split into {parts} equal {unit}; re-run prep tokenize and pack"
             )
-        lengths += [meta.num_tokens // tiles] * tiles
+        lengths += [meta.num_tokens // parts] * parts
     return lengths
 
 
-def image_block_spans(pack: LoadedPack, row_ids: torch.Tensor, token_id: int) -> torch.Tensor:
+def image_block_spans(
+    pack: LoadedPack, row_ids: torch.Tensor, token_id: int, video_token_id: int | None = None
+) -> torch.Tensor:
     """int32 [N, 2]: ``[start, end)`` row offsets (slot layout) of every image block of the pack, in order.
 
     Args:
         pack: The stored pack (its media say which sample each item belongs to, tiles, tokens).
         row_ids: The pack's row in the slot layout (`train.encoder.slot_layout`), [T].
         token_id: The model's image (soft) token id.
+        video_token_id: The model's video (soft) token id where each video frame is a block too (Gemma 4).
     """
     ids = row_ids.numpy()
     cu, slots = pack.cu_seqlens, pack.cu_seqlens_padded
+    kinds = {"image": token_id} if video_token_id is None else {"image": token_id, "video": video_token_id}
     spans: list[tuple[int, int]] = []
     for sample in range(len(cu) - 1):
         start, length = int(slots[sample]), int(cu[sample + 1] - cu[sample])
-        runs = token_runs(ids[start : start + length], token_id)
-        planned = planned_block_lengths(pack, sample)
-        found = [b - a for a, b in runs]
-        if found != planned:
-            raise PlanMismatchError(
-                f"pack {pack.key}, sample {pack.sample_ids[sample]}: image-token runs of lengths {found} in the row, "
-                f"but the stored media plan {planned} (soft tokens per tile, in order); the tokens and the media plan "
-                "disagree: re-run prep tokenize and pack"
-            )
-        spans += [(start + a, start + b) for a, b in runs]
+        mine: list[tuple[int, int]] = []
+        for kind, kind_token in kinds.items():
+            runs = token_runs(ids[start : start + length], kind_token)
+            planned = planned_block_lengths(pack, sample, kind)
+            found = [b - a for a, b in runs]
+            unit = "tile" if kind == "image" else "frame"
+            if found != planned:
+                raise PlanMismatchError(
+                    f"pack {pack.key}, sample {pack.sample_ids[sample]}: {kind}-token runs of lengths {found} in the "
+                    f"row, but the stored media plan {planned} (soft tokens per {unit}, in order); the tokens and the "
+                    "media plan disagree: re-run prep tokenize and pack"
+                )
+            mine += runs
+        spans += [(start + a, start + b) for a, b in sorted(mine)]
     if not spans:
         return empty_spans()
     return torch.tensor(spans, dtype=torch.int32)

@@ -5,6 +5,11 @@ image settings): the image section of its ``processor_config.json`` -- ``Gemma4I
 ``max_soft_tokens`` 280, ``patch_size`` 16, ``pooling_kernel_size`` 3, bicubic (``resample`` 3),
 ``do_rescale`` with 1/255, ``do_normalize`` false (mean 0, std 1), ``image_seq_length`` 280 --
 written here as ``preprocessor_config.json`` for the PIL class ``Gemma4ImageProcessorPil``.
+Video: ``video_preprocessor_config.json`` with ``Gemma4VideoProcessor``'s class defaults of
+transformers 5.24 (``video_processing_gemma4.py``: ``max_soft_tokens`` 70 per frame, ``num_frames``
+32 sampled uniformly, ``do_normalize`` true with mean 0 / std 1, bicubic), which the video
+section of the checkpoints' ``processor_config.json`` repeats; without this file the video
+processor would read ``preprocessor_config.json`` and take the image budget (280) per frame.
 
 Chat template: the checkpoint's ``chat_template.jinja`` (the revision whose generation prompt
 closes an empty thought channel, ``<|channel>thought\\n<channel|>``, unless ``enable_thinking``)
@@ -170,6 +175,24 @@ PREPROCESSOR_CONFIG: dict[str, Any] = {
     "resample": 3,
     "rescale_factor": 0.00392156862745098,
 }
+# Gemma4VideoProcessor's class defaults (transformers 5.24) = the checkpoints' video section (module docstring)
+VIDEO_PREPROCESSOR_CONFIG: dict[str, Any] = {
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "do_sample_frames": True,
+    "image_mean": [0.0, 0.0, 0.0],
+    "image_std": [1.0, 1.0, 1.0],
+    "max_soft_tokens": 70,
+    "num_frames": 32,
+    "patch_size": 16,
+    "pooling_kernel_size": 3,
+    "processor_class": "Gemma4Processor",
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "video_processor_type": "Gemma4VideoProcessor",
+}
 PROCESSOR_CONFIG: dict[str, Any] = {
     "audio_ms_per_token": 40,
     "audio_seq_length": 750,
@@ -223,6 +246,7 @@ def build_gemma4_processor_dir(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out))
     write_json(out / "preprocessor_config.json", PREPROCESSOR_CONFIG)
+    write_json(out / "video_preprocessor_config.json", VIDEO_PREPROCESSOR_CONFIG)
     write_json(out / "processor_config.json", PROCESSOR_CONFIG)
     # with torchvision, AutoProcessor also builds the audio feature extractor and the video processor,
     # found by model type (a checkpoint directory's config.json, as GLM-4V's example writes too)

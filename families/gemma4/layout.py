@@ -21,7 +21,17 @@ padding rows where ``image_position_ids`` is -1 (0.0 in the processor's floats).
 Attention: with ``use_bidirectional_attention: "vision"`` the model attends both ways inside each
 image's run of soft tokens on its *sliding* layers only (``create_masks_for_vision_model``:
 full layers causal), which `train.block_attention` applies per sample (``image_attention``,
-the rule's layers from the model config). Positions are 1-D and restart per sample. Images only.
+the rule's layers from the model config). Positions are 1-D and restart per sample.
+
+Video (with torchvision, which ``Gemma4VideoProcessor`` needs): the stored frames, decoded with
+PyAV, go through the video processor with ``do_sample_frames=False`` (the counter sampled
+them): ``pixel_values_videos`` [n, max_patches, 768] and ``video_position_ids`` [n, max_patches,
+2] (frames padded like images, at the video budget: 70 x 9 patches), ``num_frames_per_video``
+[1] = n, all joined ``cat``; the model splits the frames back per video by the counts. Each
+frame's run of ``<|video|>`` soft tokens is its own bidirectional block on the sliding layers
+(``video_attention``: the model's ``get_block_sequence_ids_for_mask`` groups maximal runs of
+image *or* video tokens, and ``<image|>`` timestamp ``<|image>`` separates the frames), never
+one block over the whole video. Plan: grid (n, rows, cols), ``num_tokens`` n x rows x cols.
 """
 
 from __future__ import annotations
@@ -30,10 +40,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 from PIL import Image
 
+from families.gemma4.counter import VIDEO_TOKEN
 from families.gemma4.settings import Gemma4Settings
-from families.layout import IMAGE, RAW_PIXELS, DecodedVideo, ItemInputs, Join, PatchRows, Rope, SampleInputs
+from families.layout import IMAGE, RAW_PIXELS, VIDEO, DecodedVideo, ItemInputs, Join, PatchRows, Rope, SampleInputs
 from families.processor import ProcessorBundle
 
 
@@ -41,17 +53,26 @@ from families.processor import ProcessorBundle
 class Gemma4Layout:
     """Padded patch sequences of every image of a row stacked in token order; see the module docstring."""
 
-    joins: ClassVar[Mapping[str, Join]] = {"pixel_values": "cat", "image_position_ids": "cat"}
+    joins: ClassVar[Mapping[str, Join]] = {
+        "pixel_values": "cat",
+        "image_position_ids": "cat",
+        "pixel_values_videos": "cat",
+        "video_position_ids": "cat",
+        "num_frames_per_video": "cat",
+    }
     rope: ClassVar[Rope] = "text"
-    supports_video: ClassVar[bool] = False
     #: image blocks attended both ways (on sliding layers; the counter records the same)
     image_attention: ClassVar[str] = "bidirectional"
+    #: and each video frame's run of soft tokens, one block per frame (module docstring)
+    video_attention: ClassVar[str] = "bidirectional"
 
     settings: Gemma4Settings  # shared with the counter
     image_processor: Any
     images_kwargs: dict[str, Any]  # the processor call's image kwargs, plus tensors out
     image_token_id: int  # <|image|>: the model's config.image_token_id
     pixel_rows: PatchRows  # how pixel_values hold patches (module docstring)
+    video_token_id: int  # <|video|>: the model's config.video_token_id
+    video_processor: Any | None  # None where torchvision is missing
     #: passed to every image-processor call: `families.layout.RAW_PIXELS` (8-bit out) or {} (the float inputs)
     pixel_kwargs: Mapping[str, bool] = field(default_factory=lambda: RAW_PIXELS)
 
@@ -59,6 +80,7 @@ class Gemma4Layout:
     def from_bundle(cls, bundle: ProcessorBundle) -> Gemma4Layout:
         """From the loaded processor."""
         settings = Gemma4Settings.from_processor(bundle)
+        processor = bundle.processor
         return cls(
             settings=settings,
             image_processor=bundle.image_processor,
@@ -70,31 +92,72 @@ class Gemma4Layout:
                 padding_keyword="image_position_ids",
                 padding_value=-1,
             ),
+            video_token_id=bundle.token_id(VIDEO_TOKEN, "video_token"),
+            video_processor=getattr(processor, "video_processor", None) if processor is not None else None,
         )
 
     @property
     def mm_token_ids(self) -> Mapping[int, int]:
-        return {IMAGE: self.image_token_id}
+        """Image, and video where the video processor is loaded (torchvision): no video trains without it."""
+        if self.video_processor is None:
+            return {IMAGE: self.image_token_id}
+        return {IMAGE: self.image_token_id, VIDEO: self.video_token_id}
+
+    @property
+    def supports_video(self) -> bool:
+        return self.video_processor is not None
+
+    @property
+    def missing_video_package(self) -> str | None:
+        """The package whose absence leaves no video processor (`train.media` exits 3 naming it)."""
+        return None if self.video_processor is not None else "torchvision"
+
+    def _grid(self, positions: torch.Tensor, tokens: int, what: str) -> tuple[int, int]:
+        """(rows, cols) of soft tokens from one padded patch sequence's positions [P, 2]."""
+        real = (positions >= 0).all(dim=-1)
+        cols = int(positions[real, 0].max()) + 1
+        rows = int(positions[real, 1].max()) + 1
+        k = self.settings.pooling_kernel_size
+        if rows % k or cols % k or (rows // k) * (cols // k) != tokens or int(real.sum()) != rows * cols:
+            raise ValueError(f"the {what} processor made a {rows} x {cols} patch grid for {tokens} soft tokens")
+        return rows // k, cols // k
 
     def _item(self, image: Image.Image) -> ItemInputs:
         got = self.image_processor([image], **{**self.images_kwargs, **self.pixel_kwargs})
         positions = got["image_position_ids"]
-        real = (positions[0] >= 0).all(dim=-1)
-        cols = int(positions[0, real, 0].max()) + 1
-        rows = int(positions[0, real, 1].max()) + 1
-        k = self.settings.pooling_kernel_size
         tokens = int(got["num_soft_tokens_per_image"][0])
-        if rows % k or cols % k or (rows // k) * (cols // k) != tokens:
-            raise ValueError(f"the image processor made a {rows} x {cols} patch grid for {tokens} soft tokens")
+        rows, cols = self._grid(positions[0], tokens, "image")
+        k2 = self.settings.pooling_kernel_size**2
         return ItemInputs(
             tensors={"pixel_values": got["pixel_values"], "image_position_ids": positions},
-            grid_thw=(1, rows // k, cols // k),
+            grid_thw=(1, rows, cols),
             num_tiles=1,
             num_tokens=tokens,
-            num_patches=rows * cols,
+            num_patches=tokens * k2,
+        )
+
+    def _video(self, video: DecodedVideo) -> ItemInputs:
+        if self.video_processor is None:
+            raise TypeError("no video processor (train.media checks supports_video first)")
+        got = self.video_processor(videos=[video.frames], do_sample_frames=False, return_tensors="pt")
+        positions = got["video_position_ids"]
+        frames = int(positions.shape[0])
+        per_frame = int(got["num_soft_tokens_per_video"][0])
+        grids = {self._grid(positions[f], per_frame, "video") for f in range(frames)}
+        if len(grids) != 1 or frames != len(video.frames):
+            raise ValueError(f"the video processor made {frames} frames, grids {sorted(grids)}, of {len(video.frames)}")
+        rows, cols = grids.pop()
+        return ItemInputs(
+            tensors={
+                "pixel_values_videos": got["pixel_values_videos"],
+                "video_position_ids": positions,
+                "num_frames_per_video": torch.tensor([frames], dtype=torch.int64),
+            },
+            grid_thw=(frames, rows, cols),
+            num_tiles=1,
+            num_tokens=frames * per_frame,
+            num_patches=frames * per_frame * self.settings.pooling_kernel_size**2,
         )
 
     def sample_inputs(self, images: Sequence[Image.Image], videos: Sequence[DecodedVideo]) -> SampleInputs:
-        if videos:
-            raise TypeError("Gemma 4 takes no video here (train.media checks supports_video first)")
-        return SampleInputs(items=tuple(self._item(image) for image in images))
+        return SampleInputs(items=(*(self._item(image) for image in images), *(self._video(v) for v in videos)))

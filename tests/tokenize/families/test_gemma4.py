@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from families.counter import image_attention
+from families.counter import MediaRejected, image_attention
 from families.gemma4.counter import Gemma4Counter
 from families.gemma4.example import BOI, EOI, IMAGE_SOFT, build_gemma4_processor_dir
 from families.gemma4.settings import SUPPORTED_SOFT_TOKENS
@@ -28,6 +28,8 @@ from families.processor import ProcessorBundle, ProcessorLoadError, load_process
 from families.registry import find_counter
 from prep.sources.formats.sharegpt import to_conversation
 from prep.tokenize.core import SampleTokenizer
+from schemas.dataset_config import VideoSampling
+from schemas.media import VideoMeta
 from tests.tokenize.families import cases
 
 
@@ -174,16 +176,19 @@ def test_thought_channels_are_stripped_and_never_trained(bundle, media, tmp_path
     assert "thought" not in bundle.tokenizer.decode(sample.input_ids)
 
 
-def test_video_is_an_unsupported_media_error(bundle):
-    err = cases.assert_video_unsupported(find_counter("Gemma4Processor")(bundle))
-    assert "not counted in closed form" in str(err)
+def test_a_video_shorter_than_the_sampled_frames_is_a_rejected_row(bundle):
+    """Video is counted (tests/tokenize/families/test_gemma4_video.py); 8 frames < the 32 the processor samples."""
+    with pytest.raises(MediaRejected, match="samples 32 frames"):
+        find_counter("Gemma4Processor")(bundle).count_video(
+            VideoMeta(num_frames=8, fps=4.0, width=64, height=48), VideoSampling()
+        )
 
 
 def test_stage_stores_the_processor_ids_and_error_rows(gemma_dir, bundle, media, tmp_path):
     """``prep tokenize`` on a small dataset, every sample verified by the stage against the processor too."""
     records = _records(media)[-3:] + [cases.exchange("<video>x", "y", videos=[cases.VIDEO])]
     run = cases.run_stage(tmp_path, gemma_dir, media.root, records)
-    assert [e["reason"] for e in run.errors] == ["unsupported_media"]
+    assert [e["reason"] for e in run.errors] == ["processor_rejected"]  # the 8-frame clip: 32 frames sampled
     assert len(run.rows) == len(records) - 1 and run.manifest.verify.checked == len(run.rows)
     assert run.manifest.processor.image_attention == "bidirectional"
     counter = Gemma4Counter.from_processor(bundle)
