@@ -36,10 +36,13 @@ import jinja2.meta
 import numpy as np
 import numpy.typing as npt
 from jinja2 import nodes
+from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from packvlm.sample_error import SampleError
 from schemas.reasons import Reason
+
+Message = dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,19 +70,133 @@ def render(
 
 
 def render_with_spans(
-    tokenizer: Any, template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any,
+    template: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    renderer: ChatRenderer | None = None,
 ) -> RenderedText:
-    """Full render plus the character span of every assistant turn (tool calls included)."""
+    """Full render plus the character span of every assistant turn (tool calls included).
+
+    ``renderer``: the worker's :class:`ChatRenderer` for this tokenizer and template (built here if not given).
+    """
     check_tool_support(template, messages, tools)
-    full = render(tokenizer, template, messages, generation_prompt=False, tools=tools)
+    renderer = renderer or ChatRenderer(tokenizer, template)
+    conv = renderer.conversation(messages, tools)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start, end = _turn_span(tokenizer, template, messages, i, full, tools)
+        start, end = _turn_span(conv, i)
         if end > start:
             spans.append((start, end))
-    return RenderedText(text=full, assistant_spans=spans)
+    return RenderedText(text=conv.full, assistant_spans=spans)
+
+
+# transformers' own per-call input walk (5.2x): objects to dicts and None keys dropped, plain JSON
+# types, reasoning fields aliased. Each maps the messages one by one. Absent (another version): every
+# render goes through apply_chat_template.
+_NORMALIZE = getattr(chat_template_utils, "_normalize_chat_messages", None)
+_PLAIN = getattr(chat_template_utils, "_plain_template_data", None)
+_ALIAS = getattr(chat_template_utils, "_alias_reasoning_fields", None)
+
+
+class ChatRenderer:
+    """Renders as ``apply_chat_template`` does, for the 3-7 renders one conversation's spans take.
+
+    ``apply_chat_template`` walks its input on every call (objects to dicts, None keys dropped,
+    plain JSON types, reasoning fields aliased); for a short conversation that walk costs several
+    times the render itself. Span finding renders prefixes and sentinel copies of one
+    conversation, so :meth:`conversation` walks the messages once with transformers' own helpers
+    (each maps message by message: a prefix of the walked list is the walked prefix) and renders
+    the compiled template directly with the variables ``apply_chat_template`` passes (the named
+    special tokens, ``documents=None``). The full text itself is always ``apply_chat_template``'s:
+    where the direct render of the whole conversation differs from it (a transformers version
+    whose wrapper does more), every render of that conversation goes through
+    ``apply_chat_template``. One per worker: it holds the compiled template, nothing per sample.
+    """
+
+    def __init__(self, tokenizer: Any, template: str) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.direct = _NORMALIZE is not None and _PLAIN is not None and _ALIAS is not None
+        self.compiled = _compile_jinja_template(template) if self.direct else None
+        self.variables: dict[str, Any] = _PLAIN(dict(tokenizer.special_tokens_map)) if _PLAIN is not None else {}
+
+    def conversation(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> ConversationRenders:
+        """The renders of one conversation, starting with its full text (``apply_chat_template``'s)."""
+        return ConversationRenders(self, messages, tools)
+
+    def walk(self, messages: list[Message]) -> list[Message]:
+        """What ``apply_chat_template`` hands the template for ``messages``."""
+        assert _NORMALIZE is not None and _PLAIN is not None and _ALIAS is not None  # self.direct checked
+        return list(_ALIAS(_PLAIN(_NORMALIZE(messages))))
+
+    def walk_tools(self, tools: list[dict[str, Any]] | None) -> tuple[bool, Any]:
+        """(False, None) where only ``apply_chat_template`` converts them (callables: JSON schemas built)."""
+        if tools is None:
+            return True, None
+        if not all(isinstance(tool, dict) for tool in tools):
+            return False, None
+        assert _PLAIN is not None
+        return True, _PLAIN(list(tools))
+
+
+class ConversationRenders:
+    """Every render one conversation's spans ask for, each done once (a last reply's prefix is the whole)."""
+
+    def __init__(self, renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]] | None) -> None:
+        self.renderer = renderer
+        self.messages = messages
+        self.tools = tools
+        self.full = render(renderer.tokenizer, renderer.template, messages, generation_prompt=False, tools=tools)
+        self._done: dict[tuple[int, bool, int | None], str] = {(len(messages), False, None): self.full}
+        self._walked: list[Message] | None = None
+        self._tools: Any = None
+        if renderer.direct:
+            ok, walked_tools = renderer.walk_tools(tools)
+            if ok:
+                self._walked, self._tools = renderer.walk(messages), walked_tools
+                if self._direct(len(messages), False, None) != self.full:
+                    self._walked = None
+
+    @property
+    def direct(self) -> bool:
+        """Whether the renders after the full text skip ``apply_chat_template``'s walk."""
+        return self._walked is not None
+
+    def text(self, end: int, *, generation_prompt: bool, sentinel: int | None = None) -> str:
+        """Render of ``messages[:end]``, message ``sentinel`` with its text swapped for :data:`SENTINEL`."""
+        key = (end, generation_prompt, sentinel)
+        if key not in self._done:
+            if self._walked is not None:
+                self._done[key] = self._direct(end, generation_prompt, sentinel)
+            else:
+                messages = self.messages[:end]
+                if sentinel is not None:
+                    messages[sentinel] = _with_sentinel(messages[sentinel])
+                r = self.renderer
+                self._done[key] = render(
+                    r.tokenizer, r.template, messages, generation_prompt=generation_prompt, tools=self.tools
+                )
+        return self._done[key]
+
+    def _direct(self, end: int, generation_prompt: bool, sentinel: int | None) -> str:
+        assert self._walked is not None and self.renderer.compiled is not None
+        messages = self._walked[:end]
+        if sentinel is not None:
+            messages[sentinel] = self.renderer.walk([_with_sentinel(self.messages[sentinel])])[0]
+        try:
+            return self.renderer.compiled.render(
+                messages=messages,
+                tools=self._tools,
+                documents=None,
+                add_generation_prompt=generation_prompt,
+                **self.renderer.variables,
+            )
+        except Exception as exc:  # as render(): jinja raises many types
+            raise SampleError(Reason.TEMPLATE_ERROR, f"chat template failed: {exc}") from exc
 
 
 @functools.lru_cache(maxsize=16)
@@ -125,43 +242,29 @@ def check_tool_support(template: str, messages: list[dict[str, Any]], tools: lis
 SENTINEL = "PACKVLM_REPLY_SENTINEL_7F3A"
 
 
-def _turn_span(
-    tokenizer: Any,
-    template: str,
-    messages: list[dict[str, Any]],
-    i: int,
-    full: str,
-    tools: list[dict[str, Any]] | None,
-) -> tuple[int, int]:
-    """Character span of assistant turn ``i`` in ``full``: by prefixes (2 renders), else by sentinel (2 more)."""
+def _turn_span(conv: ConversationRenders, i: int) -> tuple[int, int]:
+    """Character span of assistant turn ``i`` in the full text: by prefixes (2 renders), else by sentinel (2 more)."""
     if i == 0:  # no generation prompt to end at: the reply starts where its text does
-        return _sentinel_span(tokenizer, template, messages, i, full, None, tools)
-    head = render(tokenizer, template, messages[:i], generation_prompt=True, tools=tools)
+        return _sentinel_span(conv, i, None)
+    full = conv.full
+    head = conv.text(i, generation_prompt=True)
     if full.startswith(head):
-        turn = render(tokenizer, template, messages[: i + 1], generation_prompt=False, tools=tools)
+        turn = conv.text(i + 1, generation_prompt=False)
         if full.startswith(turn) and len(turn) >= len(head):
             return len(head), len(turn)
-    return _sentinel_span(tokenizer, template, messages, i, full, head, tools)
+    return _sentinel_span(conv, i, head)
 
 
-def _sentinel_span(
-    tokenizer: Any,
-    template: str,
-    messages: list[dict[str, Any]],
-    i: int,
-    full: str,
-    head: str | None,
-    tools: list[dict[str, Any]] | None,
-) -> tuple[int, int]:
+def _sentinel_span(conv: ConversationRenders, i: int, head: str | None) -> tuple[int, int]:
     """Turn ``i``'s span in a template that rewrites other turns depending on where the conversation ends.
 
-    ``full`` with reply ``i`` swapped for :data:`SENTINEL` gives the reply's rendered text (what
+    The full text with reply ``i`` swapped for :data:`SENTINEL` gives the reply's rendered text (what
     differs); the conversation ending at the sentinel reply gives the end-of-turn marker (after
     the sentinel) and the assistant header after the generation prompt ``head`` (before it).
     """
-    swapped = [*messages[:i], _with_sentinel(messages[i]), *messages[i + 1 :]]
-    whole = render(tokenizer, template, swapped, generation_prompt=False, tools=tools)
-    ending = render(tokenizer, template, swapped[: i + 1], generation_prompt=False, tools=tools)
+    full = conv.full
+    whole = conv.text(len(conv.messages), generation_prompt=False, sentinel=i)
+    ending = conv.text(i + 1, generation_prompt=False, sentinel=i)
     if whole.count(SENTINEL) != 1 or ending.count(SENTINEL) != 1:
         raise _span_error(i, "it does not render the reply's text exactly once, as given")
     before, after = whole.split(SENTINEL)
