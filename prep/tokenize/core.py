@@ -37,6 +37,7 @@ from prep.sources.media import (
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
 from prep.tokenize.expansion import expand_placeholders
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
+from prep.tokenize.runs import RunEncoder
 from prep.tokenize.sample import TokenizedSample
 from prep.tokenize.template import ChatRenderer, render_with_spans, tokenize_rendered
 from schemas.dataset_config import VideoSampling
@@ -63,6 +64,7 @@ class SampleTokenizer:
         self.counter: MediaCounter | None = factory(bundle) if factory else None
         self.content_lists = needs_content_lists(bundle.tokenizer, bundle.chat_template)
         self.renderer = ChatRenderer(bundle.tokenizer, bundle.chat_template)
+        self.runs = RunEncoder(bundle.tokenizer)
         self.lmdb = LmdbPool()
 
     def tokenize(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
@@ -129,7 +131,7 @@ class SampleTokenizer:
             token = self.bundle.tokenizer.convert_ids_to_tokens(placeholders[kind])
             expansions = [str(c.expansion_text) for _, c in counts if c.kind == kind]
             rendered = expand_placeholders(rendered, token, expansions, kind)
-        text = tokenize_rendered(self.bundle.tokenizer, rendered)
+        text = tokenize_rendered(self.bundle.tokenizer, rendered, self.runs)
         id_level = {kind: token for kind, token in placeholders.items() if kind not in text_kinds}
         ids, mask = splice_media(text.input_ids, text.loss_mask, counts, id_level)
         return TokenizedSample(input_ids=ids, loss_mask=mask, media=counts)

@@ -40,6 +40,7 @@ from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from packvlm.sample_error import SampleError
+from prep.tokenize.runs import RunEncoder
 from schemas.reasons import Reason
 
 Message = dict[str, Any]
@@ -301,15 +302,23 @@ class TokenizedText:
     loss_mask: npt.NDArray[np.uint8]  # same length
 
 
-def tokenize_rendered(tokenizer: Any, rendered: RenderedText) -> TokenizedText:
-    """Tokenize as the processor does (no second BOS when the template already starts with it)."""
+def tokenize_rendered(tokenizer: Any, rendered: RenderedText, runs: RunEncoder | None = None) -> TokenizedText:
+    """Tokenize as the processor does (no second BOS when the template already starts with it).
+
+    ``runs``: the worker's :class:`RunEncoder`, which tokenizes a media expansion's runs of one
+    added token once (the same ids and offsets); without it the text goes to the tokenizer whole.
+    """
     bos = tokenizer.bos_token
     add_special = not (bos is not None and rendered.text.startswith(bos))
-    enc = tokenizer(rendered.text, add_special_tokens=add_special, return_offsets_mapping=True)
-    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    if runs is not None and rendered.media_spans:
+        input_ids, offsets = runs.encode(rendered.text, rendered.media_spans, add_special)
+    else:
+        enc = tokenizer(rendered.text, add_special_tokens=add_special, return_offsets_mapping=True)
+        input_ids = list(enc["input_ids"])
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     mask = np.zeros(len(offsets), dtype=np.uint8)
     for start, end in rendered.assistant_spans:
         mask |= ((offsets[:, 0] < end) & (offsets[:, 1] > start)).astype(np.uint8)
     for start, end in rendered.media_spans:
         mask[(offsets[:, 0] < end) & (offsets[:, 1] > start)] = 0
-    return TokenizedText(input_ids=list(enc["input_ids"]), loss_mask=mask)
+    return TokenizedText(input_ids=input_ids, loss_mask=mask)
