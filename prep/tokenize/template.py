@@ -104,7 +104,7 @@ _ALIAS = getattr(chat_template_utils, "_alias_reasoning_fields", None)
 
 
 class ChatRenderer:
-    """Renders as ``apply_chat_template`` does, for the 3-7 renders one conversation's spans take.
+    """Renders as ``apply_chat_template`` does, for the 2-7 renders one conversation's spans take.
 
     ``apply_chat_template`` walks its input on every call (objects to dicts, None keys dropped,
     plain JSON types, reasoning fields aliased); for a short conversation that walk costs several
@@ -115,7 +115,8 @@ class ChatRenderer:
     special tokens, ``documents=None``). The full text itself is always ``apply_chat_template``'s:
     where the direct render of the whole conversation differs from it (a transformers version
     whose wrapper does more), every render of that conversation goes through
-    ``apply_chat_template``. One per worker: it holds the compiled template, nothing per sample.
+    ``apply_chat_template``, and so does any render the direct path raises on. One per worker: it
+    holds the compiled template, nothing per sample.
     """
 
     def __init__(self, tokenizer: Any, template: str) -> None:
@@ -130,17 +131,17 @@ class ChatRenderer:
         return ConversationRenders(self, messages, tools)
 
     def walk(self, messages: list[Message]) -> list[Message]:
-        """What ``apply_chat_template`` hands the template for ``messages``."""
-        assert _NORMALIZE is not None and _PLAIN is not None and _ALIAS is not None  # self.direct checked
+        """What ``apply_chat_template`` hands the template for ``messages`` (with ``direct`` set)."""
+        if _NORMALIZE is None or _PLAIN is None or _ALIAS is None:
+            raise TypeError("transformers has no chat input walk to reuse here")
         return list(_ALIAS(_PLAIN(_NORMALIZE(messages))))
 
     def walk_tools(self, tools: list[dict[str, Any]] | None) -> tuple[bool, Any]:
         """(False, None) where only ``apply_chat_template`` converts them (callables: JSON schemas built)."""
         if tools is None:
             return True, None
-        if not all(isinstance(tool, dict) for tool in tools):
+        if _PLAIN is None or not all(isinstance(tool, dict) for tool in tools):
             return False, None
-        assert _PLAIN is not None
         return True, _PLAIN(list(tools))
 
 
@@ -171,33 +172,39 @@ class ConversationRenders:
         """Render of ``messages[:end]``, message ``sentinel`` with its text swapped for :data:`SENTINEL`."""
         key = (end, generation_prompt, sentinel)
         if key not in self._done:
-            if self._walked is not None:
-                self._done[key] = self._direct(end, generation_prompt, sentinel)
-            else:
+            direct = self._direct(end, generation_prompt, sentinel) if self._walked is not None else None
+            if direct is None:  # apply_chat_template's own text, or its own error
                 messages = self.messages[:end]
                 if sentinel is not None:
                     messages[sentinel] = _with_sentinel(messages[sentinel])
                 r = self.renderer
-                self._done[key] = render(
+                direct = render(
                     r.tokenizer, r.template, messages, generation_prompt=generation_prompt, tools=self.tools
                 )
+            self._done[key] = direct
         return self._done[key]
 
-    def _direct(self, end: int, generation_prompt: bool, sentinel: int | None) -> str:
-        assert self._walked is not None and self.renderer.compiled is not None
-        messages = self._walked[:end]
+    def _direct(self, end: int, generation_prompt: bool, sentinel: int | None) -> str | None:
+        """The compiled template on the walked messages; None where it raises (the caller asks
+        ``apply_chat_template``, so an error row carries its message, never this path's)."""
+        compiled, walked = self.renderer.compiled, self._walked
+        if compiled is None or walked is None:
+            return None
+        messages = walked[:end]
         if sentinel is not None:
             messages[sentinel] = self.renderer.walk([_with_sentinel(self.messages[sentinel])])[0]
         try:
-            return self.renderer.compiled.render(
-                messages=messages,
-                tools=self._tools,
-                documents=None,
-                add_generation_prompt=generation_prompt,
-                **self.renderer.variables,
+            return str(
+                compiled.render(
+                    messages=messages,
+                    tools=self._tools,
+                    documents=None,
+                    add_generation_prompt=generation_prompt,
+                    **self.renderer.variables,
+                )
             )
-        except Exception as exc:  # as render(): jinja raises many types
-            raise SampleError(Reason.TEMPLATE_ERROR, f"chat template failed: {exc}") from exc
+        except Exception:  # jinja raises many types (TemplateError, TypeError, raise_exception)
+            return None
 
 
 @functools.lru_cache(maxsize=16)

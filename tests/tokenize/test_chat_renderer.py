@@ -129,3 +129,14 @@ def test_a_direct_render_that_differs_falls_back_to_apply_chat_template(bundles)
     _all_renders_equal(bundle, renderer, messages)
     fresh = render_with_spans(bundle.tokenizer, bundle.chat_template, messages)
     assert render_with_spans(bundle.tokenizer, bundle.chat_template, messages, renderer=renderer) == fresh
+
+
+def test_a_direct_render_that_raises_gives_apply_chat_template_s_text(bundles):
+    """Where the direct path fails (here: a clashing variable), apply_chat_template renders instead."""
+    bundle = bundles["qwen2_vl"]
+    renderer = ChatRenderer(bundle.tokenizer, bundle.chat_template)
+    renderer.variables = {**renderer.variables, "documents": None}  # render() gets documents twice: TypeError
+    messages = _conversation(bundle, "You are careful.", 1, "A cat.")
+    conv = renderer.conversation(messages, None)
+    assert not conv.direct
+    _all_renders_equal(bundle, renderer, messages)
