@@ -37,8 +37,9 @@ from prep.sources.media import (
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
 from prep.tokenize.expansion import expand_placeholders
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
+from prep.tokenize.runs import RunEncoder
 from prep.tokenize.sample import TokenizedSample
-from prep.tokenize.template import render_with_spans, tokenize_rendered
+from prep.tokenize.template import ChatRenderer, render_with_spans, tokenize_rendered
 from schemas.dataset_config import VideoSampling
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
@@ -62,6 +63,8 @@ class SampleTokenizer:
         factory = find_counter(bundle.processor_class)
         self.counter: MediaCounter | None = factory(bundle) if factory else None
         self.content_lists = needs_content_lists(bundle.tokenizer, bundle.chat_template)
+        self.renderer = ChatRenderer(bundle.tokenizer, bundle.chat_template)
+        self.runs = RunEncoder(bundle.tokenizer)
         self.lmdb = LmdbPool()
 
     def tokenize(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
@@ -119,14 +122,16 @@ class SampleTokenizer:
         refs = [item.ref.format() for item in conv.media]
         found = [self._count(counter, item.kind, item.ref, sampling) for item in conv.media]
         counts = list(zip(refs, number_items(counter, found), strict=True))
-        rendered = render_with_spans(self.bundle.tokenizer, self.bundle.chat_template, conv.messages, conv.tools)
+        rendered = render_with_spans(
+            self.bundle.tokenizer, self.bundle.chat_template, conv.messages, conv.tools, renderer=self.renderer
+        )
         placeholders: dict[MediaKind, int] = {"image": counter.image_token_id, "video": counter.video_token_id}
         text_kinds = _text_level_kinds(counts)
         for kind in text_kinds:
             token = self.bundle.tokenizer.convert_ids_to_tokens(placeholders[kind])
             expansions = [str(c.expansion_text) for _, c in counts if c.kind == kind]
             rendered = expand_placeholders(rendered, token, expansions, kind)
-        text = tokenize_rendered(self.bundle.tokenizer, rendered)
+        text = tokenize_rendered(self.bundle.tokenizer, rendered, self.runs)
         id_level = {kind: token for kind, token in placeholders.items() if kind not in text_kinds}
         ids, mask = splice_media(text.input_ids, text.loss_mask, counts, id_level)
         return TokenizedSample(input_ids=ids, loss_mask=mask, media=counts)

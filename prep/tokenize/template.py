@@ -36,10 +36,14 @@ import jinja2.meta
 import numpy as np
 import numpy.typing as npt
 from jinja2 import nodes
+from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from packvlm.sample_error import SampleError
+from prep.tokenize.runs import RunEncoder
 from schemas.reasons import Reason
+
+Message = dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,19 +71,140 @@ def render(
 
 
 def render_with_spans(
-    tokenizer: Any, template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any,
+    template: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    renderer: ChatRenderer | None = None,
 ) -> RenderedText:
-    """Full render plus the character span of every assistant turn (tool calls included)."""
+    """Full render plus the character span of every assistant turn (tool calls included).
+
+    ``renderer``: the worker's :class:`ChatRenderer` for this tokenizer and template (built here if not given).
+    """
     check_tool_support(template, messages, tools)
-    full = render(tokenizer, template, messages, generation_prompt=False, tools=tools)
+    renderer = renderer or ChatRenderer(tokenizer, template)
+    conv = renderer.conversation(messages, tools)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start, end = _turn_span(tokenizer, template, messages, i, full, tools)
+        start, end = _turn_span(conv, i)
         if end > start:
             spans.append((start, end))
-    return RenderedText(text=full, assistant_spans=spans)
+    return RenderedText(text=conv.full, assistant_spans=spans)
+
+
+# transformers' own per-call input walk (5.2x): objects to dicts and None keys dropped, plain JSON
+# types, reasoning fields aliased. Each maps the messages one by one. Absent (another version): every
+# render goes through apply_chat_template.
+_NORMALIZE = getattr(chat_template_utils, "_normalize_chat_messages", None)
+_PLAIN = getattr(chat_template_utils, "_plain_template_data", None)
+_ALIAS = getattr(chat_template_utils, "_alias_reasoning_fields", None)
+
+
+class ChatRenderer:
+    """Renders as ``apply_chat_template`` does, for the 2-7 renders one conversation's spans take.
+
+    ``apply_chat_template`` walks its input on every call (objects to dicts, None keys dropped,
+    plain JSON types, reasoning fields aliased); for a short conversation that walk costs several
+    times the render itself. Span finding renders prefixes and sentinel copies of one
+    conversation, so :meth:`conversation` walks the messages once with transformers' own helpers
+    (each maps message by message: a prefix of the walked list is the walked prefix) and renders
+    the compiled template directly with the variables ``apply_chat_template`` passes (the named
+    special tokens, ``documents=None``). The full text itself is always ``apply_chat_template``'s:
+    where the direct render of the whole conversation differs from it (a transformers version
+    whose wrapper does more), every render of that conversation goes through
+    ``apply_chat_template``, and so does any render the direct path raises on. One per worker: it
+    holds the compiled template, nothing per sample.
+    """
+
+    def __init__(self, tokenizer: Any, template: str) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.direct = _NORMALIZE is not None and _PLAIN is not None and _ALIAS is not None
+        self.compiled = _compile_jinja_template(template) if self.direct else None
+        self.variables: dict[str, Any] = _PLAIN(dict(tokenizer.special_tokens_map)) if _PLAIN is not None else {}
+
+    def conversation(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> ConversationRenders:
+        """The renders of one conversation, starting with its full text (``apply_chat_template``'s)."""
+        return ConversationRenders(self, messages, tools)
+
+    def walk(self, messages: list[Message]) -> list[Message]:
+        """What ``apply_chat_template`` hands the template for ``messages`` (with ``direct`` set)."""
+        if _NORMALIZE is None or _PLAIN is None or _ALIAS is None:
+            raise TypeError("transformers has no chat input walk to reuse here")
+        return list(_ALIAS(_PLAIN(_NORMALIZE(messages))))
+
+    def walk_tools(self, tools: list[dict[str, Any]] | None) -> tuple[bool, Any]:
+        """(False, None) where only ``apply_chat_template`` converts them (callables: JSON schemas built)."""
+        if tools is None:
+            return True, None
+        if _PLAIN is None or not all(isinstance(tool, dict) for tool in tools):
+            return False, None
+        return True, _PLAIN(list(tools))
+
+
+class ConversationRenders:
+    """Every render one conversation's spans ask for, each done once (a last reply's prefix is the whole)."""
+
+    def __init__(self, renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]] | None) -> None:
+        self.renderer = renderer
+        self.messages = messages
+        self.tools = tools
+        self.full = render(renderer.tokenizer, renderer.template, messages, generation_prompt=False, tools=tools)
+        self._done: dict[tuple[int, bool, int | None], str] = {(len(messages), False, None): self.full}
+        self._walked: list[Message] | None = None
+        self._tools: Any = None
+        if renderer.direct:
+            ok, walked_tools = renderer.walk_tools(tools)
+            if ok:
+                self._walked, self._tools = renderer.walk(messages), walked_tools
+                if self._direct(len(messages), False, None) != self.full:
+                    self._walked = None
+
+    @property
+    def direct(self) -> bool:
+        """Whether the renders after the full text skip ``apply_chat_template``'s walk."""
+        return self._walked is not None
+
+    def text(self, end: int, *, generation_prompt: bool, sentinel: int | None = None) -> str:
+        """Render of ``messages[:end]``, message ``sentinel`` with its text swapped for :data:`SENTINEL`."""
+        key = (end, generation_prompt, sentinel)
+        if key not in self._done:
+            direct = self._direct(end, generation_prompt, sentinel) if self._walked is not None else None
+            if direct is None:  # apply_chat_template's own text, or its own error
+                messages = self.messages[:end]
+                if sentinel is not None:
+                    messages[sentinel] = _with_sentinel(messages[sentinel])
+                r = self.renderer
+                direct = render(
+                    r.tokenizer, r.template, messages, generation_prompt=generation_prompt, tools=self.tools
+                )
+            self._done[key] = direct
+        return self._done[key]
+
+    def _direct(self, end: int, generation_prompt: bool, sentinel: int | None) -> str | None:
+        """The compiled template on the walked messages; None where it raises (the caller asks
+        ``apply_chat_template``, so an error row carries its message, never this path's)."""
+        compiled, walked = self.renderer.compiled, self._walked
+        if compiled is None or walked is None:
+            return None
+        messages = walked[:end]
+        if sentinel is not None:
+            messages[sentinel] = self.renderer.walk([_with_sentinel(self.messages[sentinel])])[0]
+        try:
+            return str(
+                compiled.render(
+                    messages=messages,
+                    tools=self._tools,
+                    documents=None,
+                    add_generation_prompt=generation_prompt,
+                    **self.renderer.variables,
+                )
+            )
+        except Exception:  # jinja raises many types (TemplateError, TypeError, raise_exception)
+            return None
 
 
 @functools.lru_cache(maxsize=16)
@@ -125,43 +250,29 @@ def check_tool_support(template: str, messages: list[dict[str, Any]], tools: lis
 SENTINEL = "PACKVLM_REPLY_SENTINEL_7F3A"
 
 
-def _turn_span(
-    tokenizer: Any,
-    template: str,
-    messages: list[dict[str, Any]],
-    i: int,
-    full: str,
-    tools: list[dict[str, Any]] | None,
-) -> tuple[int, int]:
-    """Character span of assistant turn ``i`` in ``full``: by prefixes (2 renders), else by sentinel (2 more)."""
+def _turn_span(conv: ConversationRenders, i: int) -> tuple[int, int]:
+    """Character span of assistant turn ``i`` in the full text: by prefixes (2 renders), else by sentinel (2 more)."""
     if i == 0:  # no generation prompt to end at: the reply starts where its text does
-        return _sentinel_span(tokenizer, template, messages, i, full, None, tools)
-    head = render(tokenizer, template, messages[:i], generation_prompt=True, tools=tools)
+        return _sentinel_span(conv, i, None)
+    full = conv.full
+    head = conv.text(i, generation_prompt=True)
     if full.startswith(head):
-        turn = render(tokenizer, template, messages[: i + 1], generation_prompt=False, tools=tools)
+        turn = conv.text(i + 1, generation_prompt=False)
         if full.startswith(turn) and len(turn) >= len(head):
             return len(head), len(turn)
-    return _sentinel_span(tokenizer, template, messages, i, full, head, tools)
+    return _sentinel_span(conv, i, head)
 
 
-def _sentinel_span(
-    tokenizer: Any,
-    template: str,
-    messages: list[dict[str, Any]],
-    i: int,
-    full: str,
-    head: str | None,
-    tools: list[dict[str, Any]] | None,
-) -> tuple[int, int]:
+def _sentinel_span(conv: ConversationRenders, i: int, head: str | None) -> tuple[int, int]:
     """Turn ``i``'s span in a template that rewrites other turns depending on where the conversation ends.
 
-    ``full`` with reply ``i`` swapped for :data:`SENTINEL` gives the reply's rendered text (what
+    The full text with reply ``i`` swapped for :data:`SENTINEL` gives the reply's rendered text (what
     differs); the conversation ending at the sentinel reply gives the end-of-turn marker (after
     the sentinel) and the assistant header after the generation prompt ``head`` (before it).
     """
-    swapped = [*messages[:i], _with_sentinel(messages[i]), *messages[i + 1 :]]
-    whole = render(tokenizer, template, swapped, generation_prompt=False, tools=tools)
-    ending = render(tokenizer, template, swapped[: i + 1], generation_prompt=False, tools=tools)
+    full = conv.full
+    whole = conv.text(len(conv.messages), generation_prompt=False, sentinel=i)
+    ending = conv.text(i + 1, generation_prompt=False, sentinel=i)
     if whole.count(SENTINEL) != 1 or ending.count(SENTINEL) != 1:
         raise _span_error(i, "it does not render the reply's text exactly once, as given")
     before, after = whole.split(SENTINEL)
@@ -198,15 +309,23 @@ class TokenizedText:
     loss_mask: npt.NDArray[np.uint8]  # same length
 
 
-def tokenize_rendered(tokenizer: Any, rendered: RenderedText) -> TokenizedText:
-    """Tokenize as the processor does (no second BOS when the template already starts with it)."""
+def tokenize_rendered(tokenizer: Any, rendered: RenderedText, runs: RunEncoder | None = None) -> TokenizedText:
+    """Tokenize as the processor does (no second BOS when the template already starts with it).
+
+    ``runs``: the worker's :class:`RunEncoder`, which tokenizes a media expansion's runs of one
+    added token once (the same ids and offsets); without it the text goes to the tokenizer whole.
+    """
     bos = tokenizer.bos_token
     add_special = not (bos is not None and rendered.text.startswith(bos))
-    enc = tokenizer(rendered.text, add_special_tokens=add_special, return_offsets_mapping=True)
-    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    if runs is not None and rendered.media_spans:
+        input_ids, offsets = runs.encode(rendered.text, rendered.media_spans, add_special)
+    else:
+        enc = tokenizer(rendered.text, add_special_tokens=add_special, return_offsets_mapping=True)
+        input_ids = list(enc["input_ids"])
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     mask = np.zeros(len(offsets), dtype=np.uint8)
     for start, end in rendered.assistant_spans:
         mask |= ((offsets[:, 0] < end) & (offsets[:, 1] > start)).astype(np.uint8)
     for start, end in rendered.media_spans:
         mask[(offsets[:, 0] < end) & (offsets[:, 1] > start)] = 0
-    return TokenizedText(input_ids=list(enc["input_ids"]), loss_mask=mask)
+    return TokenizedText(input_ids=input_ids, loss_mask=mask)
