@@ -246,9 +246,10 @@ def test_packed_video_equals_the_processor_and_samples_alone(
     images = sum(len(s.conversation.image_sizes) for s in samples)
     assert len(blocks) == images + frames and frames >= 4  # one block per image and per frame
     assert all(b - a > 16 for a, b in blocks)  # longer than the window
+    vision = batch.vision_inputs()  # images ship 8-bit patch rows: compare what the model receives
     for key in ("pixel_values", "image_position_ids", "pixel_values_videos", "video_position_ids"):
         parts = [s.inputs[key] for s in samples if key in s.inputs]
-        assert torch.equal(batch.vision[key], torch.cat(parts)), key
+        assert torch.equal(vision[key], torch.cat(parts)), key
     counts = [s.inputs["num_frames_per_video"] for s in samples if "num_frames_per_video" in s.inputs]
     assert batch.vision["num_frames_per_video"].tolist() == torch.cat(counts).tolist()
     assert int((batch.mm_token_type_ids == 2).sum()) == sum(
