@@ -66,6 +66,7 @@ __all__ = [
     "model_blocks",
     "positions_losses",
     "sliding_window_ignored",
+    "split_pack",
     "stock_processor",
     "two_packs",
     "unmasked_first_labels",
@@ -148,6 +149,20 @@ def two_packs(setup: Setup, pad_to_multiple_of: int = 1, names: tuple[str, str] 
     batch = concat_batches(parts, setup.encoder.joins)
     assert batch.pack_keys == tuple(f"pack-{n}" for n in names)
     assert batch.num_samples == len(setup.samples_of(*names))
+    return batch
+
+
+def split_pack(
+    setup: Setup, name: str, first: Sequence[int], second: Sequence[int], pads: tuple[int, int] = (1, 16)
+) -> PackedBatch:
+    """Pack ``name``'s samples as two packs (``first`` and ``second``: their indices, in that order;
+    slots padded to ``pads``) joined by `concat_batches`: one row, the samples in ``first + second`` order."""
+    parts = [
+        setup.encode(name, pad, order=order, key=key)
+        for order, pad, key in zip((first, second), pads, ("pack-a", "pack-b"))
+    ]
+    batch = concat_batches(parts, setup.encoder.joins)
+    assert batch.pack_keys == ("pack-a", "pack-b") and batch.num_samples == len(first) + len(second)
     return batch
 
 
