@@ -9,10 +9,14 @@ exercised. The pre-tokenizer, normalizer and decoder are Qwen2's, which transfor
 Ids: 0..2999 BPE (256 byte symbols first), then ``SPECIAL_TOKENS`` in upstream order
 (``<|endoftext|>`` = 3000 ... ``<|video_pad|>`` = 3013), then for Qwen3-VL ``<think>``,
 ``</think>`` (3014, 3015).
+
+`gemma_tokenizer` is the Gemma 3 / Gemma 4 examples' tokenizer: a small BPE in Gemma's format
+(spaces as ``▁``, byte fallback) with each family's special tokens at Gemma's ids.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
@@ -20,6 +24,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from tokenizers.trainers import BpeTrainer
+from transformers import GemmaTokenizer
 
 BPE_VOCAB_SIZE = 3000
 # The pre-tokenizer regex of Qwen2/2.5/3 tokenizer.json (single digits, no prefix space).
@@ -206,3 +211,53 @@ def tokenizer_config(family: str, first_added_id: int) -> dict[str, Any]:
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
+
+
+def _gemma_pipeline(tok: Tokenizer) -> None:
+    """``GemmaTokenizer.__init__``'s normalizer and (no-op) pre-tokenizer."""
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+
+
+def _gemma_vocab_and_merges(
+    leading: Sequence[str], trailing: Sequence[str], corpus: Sequence[str], vocab_size: int
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Train the small BPE, then lay ids out as Gemma does: ``leading`` specials, the byte-fallback
+    tokens, the BPE, ``trailing`` (media) specials last."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    _gemma_pipeline(tok)
+    trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=list(leading), show_progress=False)
+    tok.train_from_iterator(list(corpus) * 10, trainer)
+    model = json.loads(tok.to_str())["model"]
+    vocab: dict[str, int] = {}
+    for token in (*leading, *(f"<0x{b:02X}>" for b in range(256))):
+        vocab.setdefault(token, len(vocab))
+    for token, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1]):
+        vocab.setdefault(token, len(vocab))
+    for token in trailing:
+        vocab.setdefault(token, len(vocab))
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return vocab, [(a, b) for a, b in merges]
+
+
+def gemma_tokenizer(
+    *,
+    leading: Sequence[str],
+    media: Sequence[str],
+    corpus: Sequence[str],
+    named: dict[str, str],
+    vocab_size: int = 900,
+) -> GemmaTokenizer:
+    """transformers' ``GemmaTokenizer`` over a BPE trained on ``corpus``: ``leading`` specials
+    first, ``media`` specials last, all matched whole (never split by BPE); ``named`` are its
+    ``extra_special_tokens`` (``image_token`` ...)."""
+    vocab, merges = _gemma_vocab_and_merges(leading, media, corpus, vocab_size)
+    tokenizer = GemmaTokenizer(
+        vocab=vocab,
+        merges=merges,  # type: ignore[arg-type]  # pairs, as the tokenizers BPE model takes them
+        add_bos_token=True,
+        extra_special_tokens=named,
+    )
+    specials = (*leading, *media)
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in specials], special_tokens=True)
+    return tokenizer

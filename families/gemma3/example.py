@@ -18,16 +18,12 @@ between), the byte-fallback tokens next, and ``<start_of_image>``, ``<end_of_ima
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-from tokenizers.trainers import BpeTrainer
-from transformers import GemmaTokenizer
-
 from families.example.base import ExampleFamily, write_json
 from families.example.model import HEAD_DIM, ProcessorFacts, TinyModel, text_config, vision_config
+from families.example.tokenizer import gemma_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -121,41 +117,15 @@ PREPROCESSOR_CONFIG: dict[str, Any] = {
 }
 
 
-def _gemma_pipeline(tok: Tokenizer) -> None:
-    """``GemmaTokenizer.__init__``'s normalizer and (no-op) pre-tokenizer."""
-    tok.normalizer = normalizers.Replace(" ", "▁")
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
-
-
-def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Train the small BPE, then lay ids out as Gemma does (module docstring)."""
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    _gemma_pipeline(tok)
-    trainer = BpeTrainer(vocab_size=BPE_VOCAB_SIZE, special_tokens=list(LEADING_SPECIALS), show_progress=False)
-    tok.train_from_iterator(list(_CORPUS) * 10, trainer)
-    model = json.loads(tok.to_str())["model"]
-    vocab: dict[str, int] = {}
-    for token in (*LEADING_SPECIALS, *(f"<0x{b:02X}>" for b in range(256))):
-        vocab.setdefault(token, len(vocab))
-    for token, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1]):
-        vocab.setdefault(token, len(vocab))
-    for token in (BOI, EOI, IMAGE_SOFT):
-        vocab.setdefault(token, len(vocab))
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return vocab, [(a, b) for a, b in merges]
-
-
 def build_gemma3_processor_dir(out: Path) -> Path:
     """Write a ``Gemma3Processor`` directory (tokenizer, image settings, template) to ``out``."""
-    vocab, merges = _vocab_and_merges()
-    tokenizer = GemmaTokenizer(
-        vocab=vocab,
-        merges=merges,  # type: ignore[arg-type]  # pairs, as the tokenizers BPE model takes them
-        add_bos_token=True,
-        extra_special_tokens={"boi_token": BOI, "eoi_token": EOI, "image_token": IMAGE_SOFT},
+    tokenizer = gemma_tokenizer(
+        leading=LEADING_SPECIALS,
+        media=(BOI, EOI, IMAGE_SOFT),
+        corpus=_CORPUS,
+        named={"boi_token": BOI, "eoi_token": EOI, "image_token": IMAGE_SOFT},
+        vocab_size=BPE_VOCAB_SIZE,
     )
-    specials = (*LEADING_SPECIALS, BOI, EOI, IMAGE_SOFT)  # matched whole, never split by BPE
-    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in specials], special_tokens=True)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out))
     write_json(out / "preprocessor_config.json", PREPROCESSOR_CONFIG)

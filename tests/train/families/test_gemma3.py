@@ -22,7 +22,6 @@ window ignored, a stored tile / token count that disagrees with the row (`PlanMi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,29 +30,29 @@ from transformers import PreTrainedModel
 
 from families.gemma3.layout import Gemma3Layout
 from families.registry import find_layout
-from tests.train.models import CONVERSATIONS, Conversation, Sample, make_family
-from tests.train.packed_truth import (
+from tests.train.families.harness import (
+    LONG_PACK,
     Setup,
     assert_equals_alone,
+    assert_mutation_moves,
+    assert_one_slot_mixes,
     assert_plan_mismatch,
+    assert_restarting_positions,
+    assert_slots,
+    assert_vision_joined,
     build_setup,
-    loss_diff,
-    one_slot,
-    varlen_losses,
+    model_blocks,
+    sliding_window_ignored,
+    two_packs,
 )
+from tests.train.models import CONVERSATIONS, make_family
 from train import block_attention
 from train.attention import PACKED_ATTENTION
-from train.batch import PackedBatch, concat_batches
-from train.image_blocks import token_runs
 from train.media import PlanMismatchError
 from train.models import load_model
 
 LARGE = 1e-3  # a mutation must move some per-token loss by 100x the tolerance at least
-PACK_B = (
-    Conversation((), "Tell me a long story about a cat, a dog and a tree next to the house.", "Once upon a time " * 6),
-    Conversation(((90, 60),), "Describe the image in detail.", "It is a picture of colours. " * 4),
-)
-PACKS = {"A": CONVERSATIONS, "B": PACK_B}
+PACKS = {"A": CONVERSATIONS, "B": LONG_PACK}
 
 
 def nonzero_projector(model: PreTrainedModel) -> None:
@@ -66,14 +65,6 @@ def nonzero_projector(model: PreTrainedModel) -> None:
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     root = tmp_path_factory.mktemp("gemma3")
     return build_setup("gemma3", root, PACKS, vision="vision_tower", prepare=nonzero_projector)
-
-
-def model_blocks(samples: list[Sample], batch: PackedBatch) -> list[list[int]]:
-    """The model's own blocks: runs of the processor's ``token_type_ids == 1``, placed at each slot."""
-    spans = []
-    for sample, start in zip(samples, batch.cu_seqlens_padded.tolist()):
-        spans += [[start + a, start + b] for a, b in token_runs(sample.inputs["token_type_ids"][0].numpy(), 1)]
-    return spans
 
 
 def test_flash_attention_request_loads_packvlm_varlen(tmp_path: Path) -> None:
@@ -95,33 +86,27 @@ def test_layout_is_registered_and_uses_the_soft_token(setup: Setup) -> None:
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pack: str, pad_to_multiple_of: int) -> None:
     batch = setup.encode(pack, pad_to_multiple_of)
     samples = setup.samples[pack]
-    assert batch.position_ids.shape == (1, batch.num_tokens)  # 1-D rotary: restarting text positions
+    assert_slots(batch, samples, pad_to_multiple_of)
+    assert_restarting_positions(batch)  # 1-D rotary
     assert min(s.input_ids.shape[1] for s in samples) > 16  # every sample is longer than the window
-    assert batch.image_blocks.tolist() == model_blocks(samples, batch)
-    pixels = [s.inputs["pixel_values"] for s in samples if "pixel_values" in s.inputs]
-    assert torch.equal(batch.pixel_values, torch.cat(pixels))  # the real processor's, token order
+    assert batch.image_blocks.tolist() == model_blocks(samples, batch, "token_type_ids")
+    assert_vision_joined(batch, samples, {"pixel_values": 0})  # the real processor's, token order
     assert_equals_alone(setup, batch, pack)
 
 
 @pytest.mark.parametrize("pad_to_multiple_of", [1, 16])
 def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup, pad_to_multiple_of: int) -> None:
     """``--packs-per-microbatch 2``: pack B's image blocks shift with its row offset."""
-    a, b = (setup.encode(name, pad_to_multiple_of) for name in ("A", "B"))
-    batch = concat_batches([a, b], setup.encoder.joins)
-    assert batch.image_blocks.tolist() == model_blocks(setup.samples_of("A", "B"), batch)
-    assert batch.image_blocks[-1, 0] >= a.num_tokens  # B's block, moved past A
+    batch = two_packs(setup, pad_to_multiple_of)
+    assert batch.image_blocks.tolist() == model_blocks(setup.samples_of("A", "B"), batch, "token_type_ids")
+    assert batch.image_blocks[-1, 0] >= setup.encode("A", pad_to_multiple_of).num_tokens  # B's block, moved past A
     assert_equals_alone(setup, batch, "A", "B")
 
 
 def test_mutation_image_blocks_causal_moves_the_losses(setup: Setup) -> None:
     """Without its image blocks the row is plain causal (sliding) attention: image tokens lose their future."""
     batch = setup.encode("A")
-    mutated = dataclasses.replace(batch, image_blocks=batch.image_blocks[:0])
-    assert loss_diff(setup.truth["A"], mutated, varlen_losses(setup, mutated)) > LARGE
-
-
-def _mutated_rule(monkeypatch: pytest.MonkeyPatch, rule: Callable[..., torch.Tensor]) -> None:
-    monkeypatch.setattr(block_attention, "allowed", rule)
+    assert_mutation_moves(setup, "A", dataclasses.replace(batch, image_blocks=batch.image_blocks[:0]), LARGE)
 
 
 def test_mutation_an_image_block_attending_to_the_next_image_moves_the_losses(
@@ -129,21 +114,21 @@ def test_mutation_an_image_block_attending_to_the_next_image_moves_the_losses(
 ) -> None:
     """All image tokens of a sample as one block: sample 2's first image sees its second."""
     original = block_attention.allowed
-    _mutated_rule(monkeypatch, lambda q, kv, slots, blocks, window: original(q, kv, slots, blocks.clamp(max=0), window))
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, batch)) > LARGE
+    monkeypatch.setattr(
+        block_attention,
+        "allowed",
+        lambda q, kv, slots, blocks, window: original(q, kv, slots, blocks.clamp(max=0), window),
+    )
+    assert_mutation_moves(setup, "A", setup.encode("A"), LARGE)
 
 
 def test_mutation_sliding_window_ignored_moves_the_losses(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    original = block_attention.allowed
-    _mutated_rule(monkeypatch, lambda q, kv, slots, blocks, window: original(q, kv, slots, blocks, None))
-    batch = setup.encode("B")
-    assert loss_diff(setup.truth["B"], batch, varlen_losses(setup, batch)) > LARGE
+    sliding_window_ignored(monkeypatch)
+    assert_mutation_moves(setup, "B", setup.encode("B"), LARGE)
 
 
 def test_mutation_one_slot_boundaries_mixes_samples(setup: Setup) -> None:
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, one_slot(batch))) > LARGE
+    assert_one_slot_mixes(setup, large=LARGE)
 
 
 @pytest.mark.parametrize("field", ["num_tokens", "num_tiles", "grid_thw"])

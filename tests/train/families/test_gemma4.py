@@ -35,30 +35,31 @@ import torch
 
 from families.gemma4.layout import Gemma4Layout
 from families.registry import find_layout
-from tests.train.models import CONVERSATIONS, Conversation, Family, Sample
-from tests.train.packed_truth import (
+from tests.train.families.harness import (
+    LONG_PACK,
     TOLERANCE,
     Setup,
     assert_equals_alone,
+    assert_mutation_moves,
+    assert_one_slot_mixes,
     assert_plan_mismatch,
+    assert_restarting_positions,
+    assert_slots,
+    assert_vision_joined,
     build_setup,
     loss_diff,
-    one_slot,
+    model_blocks,
+    sliding_window_ignored,
     stock_processor,
+    two_packs,
     varlen_losses,
 )
-from train import block_attention
-from train.batch import PackedBatch, concat_batches
+from tests.train.models import CONVERSATIONS, Family
 from train.block_attention import ImageBlockRule, image_block_layers
-from train.image_blocks import token_runs
 from train.pixels import PackedPixels
 
 LARGE = 1e-3  # a mutation must move some per-token loss by 100x the tolerance at least
-PACK_B = (
-    Conversation((), "Tell me a long story about a cat, a dog and a tree next to the house.", "Once upon a time " * 6),
-    Conversation(((90, 60),), "Describe the image in detail.", "It is a picture of colours. " * 4),
-)
-PACKS = {"A": CONVERSATIONS, "B": PACK_B}
+PACKS = {"A": CONVERSATIONS, "B": LONG_PACK}
 
 
 def thinking_processor(family: Family) -> object:
@@ -86,14 +87,6 @@ def setup64(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     )
 
 
-def model_blocks(samples: list[Sample], batch: PackedBatch) -> list[list[int]]:
-    """The model's own blocks: runs of the processor's ``mm_token_type_ids == 1``, placed at each slot."""
-    spans = []
-    for sample, start in zip(samples, batch.cu_seqlens_padded.tolist()):
-        spans += [[start + a, start + b] for a, b in token_runs(sample.inputs["mm_token_type_ids"][0].numpy(), 1)]
-    return spans
-
-
 def test_layout_is_registered_and_blocks_hold_on_sliding_layers(setup: Setup) -> None:
     assert find_layout("Gemma4Processor") is Gemma4Layout
     layout = setup.encoder.media.layout
@@ -113,14 +106,12 @@ def test_layout_is_registered_and_blocks_hold_on_sliding_layers(setup: Setup) ->
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pack: str, pad_to_multiple_of: int) -> None:
     batch = setup.encode(pack, pad_to_multiple_of)
     samples = setup.samples[pack]
-    assert batch.position_ids.shape == (1, batch.num_tokens)  # 1-D rotary: restarting text positions
+    assert_slots(batch, samples, pad_to_multiple_of)
+    assert_restarting_positions(batch)  # 1-D rotary
     assert batch.image_blocks.tolist() == model_blocks(samples, batch)
     assert all(b - a > 16 for a, b in batch.image_blocks.tolist())  # every block longer than the window
     assert isinstance(batch.vision["pixel_values"], PackedPixels)  # 8-bit patch rows from the worker
-    vision = batch.vision_inputs()
-    for key in ("pixel_values", "image_position_ids"):  # the real processor's, token order, bit for bit
-        parts = [s.inputs[key] for s in samples if key in s.inputs]
-        assert torch.equal(vision[key], torch.cat(parts))
+    assert_vision_joined(batch, samples, {"pixel_values": 0, "image_position_ids": 0})  # the processor's
     assert loss_diff(setup.truth[pack], batch, varlen_losses(setup, batch)) <= TOLERANCE  # fp32 losses
 
 
@@ -133,8 +124,7 @@ def test_float64_losses_and_grads_equal_samples_alone(setup64: Setup, pack: str,
 
 def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup, setup64: Setup) -> None:
     for s in (setup, setup64):
-        a, b = (s.encode(name, 16) for name in ("A", "B"))
-        batch = concat_batches([a, b], s.encoder.joins)
+        batch = two_packs(s, 16)
         assert batch.image_blocks.tolist() == model_blocks(s.samples_of("A", "B"), batch)
         if s is setup:
             assert loss_diff(s.truth_of("A", "B"), batch, varlen_losses(s, batch)) <= TOLERANCE
@@ -144,29 +134,22 @@ def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup, setup64: Set
 
 def test_mutation_image_blocks_causal_moves_the_losses(setup: Setup) -> None:
     batch = setup.encode("A")
-    mutated = dataclasses.replace(batch, image_blocks=batch.image_blocks[:0])
-    assert loss_diff(setup.truth["A"], mutated, varlen_losses(setup, mutated)) > LARGE
+    assert_mutation_moves(setup, "A", dataclasses.replace(batch, image_blocks=batch.image_blocks[:0]), LARGE)
 
 
 def test_mutation_blocks_on_the_full_layer_too_move_the_losses(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
     """Gemma 3's rule (blocks on every layer) is not Gemma 4's."""
     monkeypatch.setattr(ImageBlockRule, "for_layer", lambda self, window: self)
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, batch)) > LARGE
+    assert_mutation_moves(setup, "A", setup.encode("A"), LARGE)
 
 
 def test_mutation_sliding_window_ignored_moves_the_losses(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    original = block_attention.allowed
-    monkeypatch.setattr(
-        block_attention, "allowed", lambda q, kv, slots, blocks, window: original(q, kv, slots, blocks, None)
-    )
-    batch = setup.encode("B")
-    assert loss_diff(setup.truth["B"], batch, varlen_losses(setup, batch)) > LARGE
+    sliding_window_ignored(monkeypatch)
+    assert_mutation_moves(setup, "B", setup.encode("B"), LARGE)
 
 
 def test_mutation_one_slot_boundaries_mixes_samples(setup: Setup) -> None:
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, one_slot(batch))) > LARGE
+    assert_one_slot_mixes(setup, large=LARGE)
 
 
 @pytest.mark.parametrize("field", ["num_tokens", "grid_thw"])

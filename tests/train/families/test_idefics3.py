@@ -43,20 +43,25 @@ from transformers import ProcessorMixin
 from families.idefics3.layout import Idefics3Layout
 from families.processor import load_processor
 from families.registry import find_counter, find_layout
-from tests.train.models import Conversation, Family, make_family, scatter_truth
-from tests.train.packed_truth import (
-    LARGE,
+from tests.train.families.harness import (
     TOLERANCE,
     Setup,
+    assert_continuing_positions_mix,
     assert_equals_alone,
+    assert_mutation_moves,
     assert_plan_mismatch,
+    assert_positions_path_exact,
+    assert_restarting_positions,
+    assert_slots,
+    assert_vision_joined,
     build_setup,
-    continuing_positions,
     loss_diff,
-    positions_losses,
+    split_pack,
     varlen_losses,
+    with_vision,
 )
-from train.batch import PackedBatch, concat_batches
+from tests.train.models import Conversation, Family, make_family, scatter_truth
+from train.batch import PackedBatch
 
 FAMILIES = ("idefics3", "smolvlm")
 
@@ -138,11 +143,6 @@ def sample_diffs(setup: Setup, batch: PackedBatch, losses: torch.Tensor) -> list
     return [float(diff[a : b - 1].max()) for a, b in zip(cu[:-1], cu[1:])]
 
 
-def processor_tiles(setup: Setup, variant: str, name: str) -> torch.Tensor:
-    """``name`` of every image sample's real processor output, joined along dim 1 in token order."""
-    return torch.cat([s.inputs[name] for s in setup.samples[variant] if name in s.inputs], dim=1)
-
-
 def test_layout_registered_for_both_processors() -> None:
     assert find_layout("Idefics3Processor") is Idefics3Layout
     assert find_layout("SmolVLMProcessor") is Idefics3Layout
@@ -150,14 +150,9 @@ def test_layout_registered_for_both_processors() -> None:
 
 def check_layout(setup: Setup, batch: PackedBatch, variant: str) -> None:
     """Restarting 1-D positions; the vision keywords are each sample's real processor outputs, in token order."""
-    lengths = [s.input_ids.shape[1] for s in setup.samples[variant]]
-    assert batch.cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    cu = batch.cu_seqlens_padded.tolist()
-    assert batch.position_ids.tolist() == [[p for a, b in zip(cu[:-1], cu[1:]) for p in range(b - a)]]
-    assert set(batch.vision) == {"pixel_values", "pixel_attention_mask"}
-    assert torch.equal(batch.pixel_values, processor_tiles(setup, variant, "pixel_values"))
-    mask = processor_tiles(setup, variant, "pixel_attention_mask")
-    assert torch.equal(batch.vision["pixel_attention_mask"], mask)
+    assert_slots(batch, setup.samples[variant])
+    assert_restarting_positions(batch)
+    assert_vision_joined(batch, setup.samples[variant], {"pixel_values": 1, "pixel_attention_mask": 1})
     tiles = [r * c + 1 if r else 1 for r, c in GRIDS[variant]]
     assert batch.pixel_values.shape[:2] == (1, sum(tiles))
     assert batch.num_media == len(tiles)
@@ -193,23 +188,19 @@ def test_stored_plan_is_the_processors(setup: Setup) -> None:
 
 def test_concat_batches_of_two_packs_equals_samples_alone(setup: Setup) -> None:
     """`--packs-per-microbatch 2`: two packs joined along the row and along the tile dim."""
-    first = setup.encode(PACK, order=(0, 1), key="pack-a")
-    second = setup.encode(PACK, 16, order=(2, 3), key="pack-b")
-    batch = concat_batches([first, second], setup.encoder.joins)
-    assert batch.pack_keys == ("pack-a", "pack-b")
+    batch = split_pack(setup, PACK, (0, 1), (2, 3))
     assert batch.num_tokens > batch.num_real_tokens
     check_layout(setup, batch, PACK)
     assert_equals_alone(setup, batch, PACK)
 
 
-def test_positions_path_is_exact_too(setup: Setup, batch: PackedBatch) -> None:
+def test_positions_path_is_exact_too(setup: Setup) -> None:
     """The oracle of the positions mutation: restarting 1-D positions pack exactly with stock SDPA."""
-    assert loss_diff(setup.truth[PACK], batch, positions_losses(setup, batch)) <= TOLERANCE
+    assert_positions_path_exact(setup, PACK)
 
 
-def test_mutation_continuing_positions_mixes_samples(setup: Setup, batch: PackedBatch) -> None:
-    mutated = continuing_positions(batch)
-    assert loss_diff(setup.truth[PACK], mutated, positions_losses(setup, mutated)) > LARGE
+def test_mutation_continuing_positions_mixes_samples(setup: Setup) -> None:
+    assert_continuing_positions_mix(setup, PACK)
 
 
 def test_mutation_dropped_tile_fails(setup: Setup, batch: PackedBatch) -> None:
@@ -226,8 +217,7 @@ def test_mutation_tiles_out_of_token_order_move_the_loss(setup: Setup, batch: Pa
     """Images joined in the wrong order (the last image's tiles first): same count, wrong pixels."""
     n = last_image_tiles(PACK)
     vision = {k: torch.cat([v[:, -n:], v[:, :-n]], dim=1) for k, v in batch.vision_inputs().items()}
-    losses = varlen_losses(setup, dataclasses.replace(batch, vision=vision))
-    assert loss_diff(setup.truth[PACK], batch, losses) > LARGE
+    assert_mutation_moves(setup, PACK, with_vision(batch, **vision))
 
 
 def last_image_tiles(variant: str) -> int:

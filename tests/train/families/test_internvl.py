@@ -18,42 +18,32 @@ them, one slot for the row, a stored grid / tile count / token count altered
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from families.internvl.layout import InternVLLayout
 from families.registry import find_layout
-from tests.train.models import Conversation, Sample
-from tests.train.packed_truth import (
-    LARGE,
-    TOLERANCE,
+from tests.train.families.harness import (
     Setup,
+    assert_continuing_positions_mix,
     assert_equals_alone,
+    assert_mutation_moves,
+    assert_one_slot_mixes,
     assert_plan_mismatch,
+    assert_positions_path_exact,
+    assert_restarting_positions,
+    assert_slots,
+    assert_vision_joined,
     build_setup,
-    continuing_positions,
-    loss_diff,
-    one_slot,
-    positions_losses,
+    mixed_packs,
+    two_packs,
     varlen_losses,
+    with_vision,
 )
-from train.batch import PackedBatch, concat_batches
+from tests.train.models import Sample
+from train.batch import PackedBatch
 
-C = Conversation
-PACKS = {
-    "A": (
-        C((), "Hello there, how are you today?", "Fine, thanks for asking."),
-        C(((64, 64),), "What is in the picture?", "A pattern of colours."),
-        C(((112, 56), (64, 64)), "Compare these two images.", "The first one is wider."),
-        C((), "Count to three.", "One, two, three."),
-    ),
-    "B": (
-        C(((56, 112),), "Describe the tall image.", "A tall pattern."),
-        C((), "Say hi.", "Hi."),
-    ),
-}
+PACKS = mixed_packs(one=(64, 64), two=((112, 56), (64, 64)), tall=(56, 112))
 TILES = {"A": [1, 3, 1], "B": [3]}  # per image, in token order (the processor's num_patches)
 
 
@@ -64,9 +54,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 
 def assert_tiles_are_the_processors(batch: PackedBatch, samples: list[Sample]) -> None:
     """The row's ``pixel_values`` is every sample's own processor output, concatenated in order."""
-    want = torch.cat([s.inputs["pixel_values"] for s in samples if "pixel_values" in s.inputs])
-    assert set(batch.vision) == {"pixel_values"}
-    assert torch.equal(batch.pixel_values, want)
+    assert_vision_joined(batch, samples, {"pixel_values": 0})
 
 
 def test_layout_serves_internvl_processor() -> None:
@@ -85,10 +73,8 @@ def test_stored_plan_is_the_processors_tiles(setup: Setup) -> None:
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multiple_of: int) -> None:
     batch = setup.encode("A", pad_to_multiple_of)
     samples = setup.samples["A"]
-    lengths = [s.input_ids.shape[1] for s in samples]
-    assert batch.cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    assert batch.position_ids.shape == (1, batch.num_tokens)  # 1-D rotary: restarting text positions
-    assert (batch.num_tokens > batch.num_real_tokens) == (pad_to_multiple_of > 1)
+    assert_slots(batch, samples, pad_to_multiple_of)
+    assert_restarting_positions(batch)  # 1-D rotary
     assert batch.pixel_values.shape == (sum(TILES["A"]), 3, 448, 448)
     assert_tiles_are_the_processors(batch, samples)
     assert_equals_alone(setup, batch, "A")
@@ -96,36 +82,30 @@ def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multip
 
 def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup) -> None:
     """``--packs-per-microbatch 2``: pack B's tiles follow pack A's in one ``pixel_values``."""
-    batch = concat_batches([setup.encode("A", 16), setup.encode("B", 16)], setup.encoder.joins)
-    samples = setup.samples_of("A", "B")
-    assert batch.pack_keys == ("pack-A", "pack-B") and batch.num_samples == len(samples)
-    assert_tiles_are_the_processors(batch, samples)
+    batch = two_packs(setup, 16)
+    assert_tiles_are_the_processors(batch, setup.samples_of("A", "B"))
     assert_equals_alone(setup, batch, "A", "B")
 
 
 def test_positions_path_is_exact_too(setup: Setup) -> None:
     """The oracle of the positions mutation: restarting positions pack exactly on that path."""
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, positions_losses(setup, batch)) <= TOLERANCE
+    assert_positions_path_exact(setup)
 
 
 def test_mutation_positions_continuing_across_samples_mixes_them(setup: Setup) -> None:
-    mutated = continuing_positions(setup.encode("A"))
-    assert loss_diff(setup.truth["A"], mutated, positions_losses(setup, mutated)) > LARGE
+    assert_continuing_positions_mix(setup)
 
 
 def test_mutation_one_slot_boundaries_mixes_samples(setup: Setup) -> None:
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, one_slot(batch))) > LARGE
+    assert_one_slot_mixes(setup)
 
 
 def test_mutation_dropping_a_tile_fails(setup: Setup) -> None:
     """The thumbnail of sample 2's 3-tile image dropped: 256 placeholders without features."""
     batch = setup.encode("A")
     pixels = batch.pixel_values
-    mutated = dataclasses.replace(batch, vision={"pixel_values": torch.cat([pixels[:3], pixels[4:]])})
     with pytest.raises(ValueError, match="do not match"):
-        varlen_losses(setup, mutated)
+        varlen_losses(setup, with_vision(batch, pixel_values=torch.cat([pixels[:3], pixels[4:]])))
 
 
 def test_mutation_wrong_tile_counts_move_the_losses(setup: Setup) -> None:
@@ -134,8 +114,7 @@ def test_mutation_wrong_tile_counts_move_the_losses(setup: Setup) -> None:
     batch = setup.encode("A")
     pixels = batch.pixel_values  # [A1 | B1 B2 Bthumb | C1]
     reordered = torch.cat([pixels[:1], pixels[4:5], pixels[1:4]])
-    mutated = dataclasses.replace(batch, vision={"pixel_values": reordered})
-    assert loss_diff(setup.truth["A"], mutated, varlen_losses(setup, mutated)) > LARGE
+    assert_mutation_moves(setup, "A", with_vision(batch, pixel_values=reordered))
 
 
 @pytest.mark.parametrize("field", ["num_tiles", "grid_thw", "num_tokens"])

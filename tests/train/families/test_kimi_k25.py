@@ -19,25 +19,23 @@ an image's grid transposed (same token count: the pixels are read as another sha
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-import torch
 
-from tests.train.models import CONVERSATIONS, Conversation
-from tests.train.packed_truth import (
-    LARGE,
-    TOLERANCE,
+from tests.train.families.harness import (
     Setup,
+    assert_continuing_positions_mix,
     assert_equals_alone,
+    assert_mutation_moves,
+    assert_one_slot_mixes,
+    assert_positions_path_exact,
+    assert_restarting_positions,
+    assert_slots,
+    assert_vision_joined,
     build_setup,
-    continuing_positions,
-    loss_diff,
-    one_slot,
-    positions_losses,
-    varlen_losses,
+    two_packs,
+    with_vision,
 )
-from train.batch import concat_batches
+from tests.train.models import CONVERSATIONS, Conversation
 
 pytestmark = pytest.mark.torchvision
 
@@ -67,34 +65,26 @@ def test_layout_is_registered() -> None:
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pack: str, pad_to_multiple_of: int) -> None:
     batch = setup.encode(pack, pad_to_multiple_of)
     samples = setup.samples[pack]
-    lengths = [s.input_ids.shape[1] for s in samples]
-    assert batch.cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    assert batch.position_ids.shape == (1, batch.num_tokens)  # 1-D rotary: restarting text positions
-    assert set(batch.vision) == {"pixel_values", "image_grid_thw"}
-    grids = [g.tolist() for s in samples if "image_grid_thw" in s.inputs for g in s.inputs["image_grid_thw"]]
-    assert batch.vision["image_grid_thw"].tolist() == grids  # the real processor's, in token order
+    assert_slots(batch, samples, pad_to_multiple_of)
+    assert_restarting_positions(batch)  # 1-D rotary
+    assert_vision_joined(batch, samples, {"pixel_values": 0, "image_grid_thw": 0})  # the real processor's
     assert_equals_alone(setup, batch, pack)
 
 
 def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup) -> None:
-    a, b = (setup.encode(name) for name in ("A", "B"))
-    batch = concat_batches([a, b], setup.encoder.joins)
-    assert_equals_alone(setup, batch, "A", "B")
+    assert_equals_alone(setup, two_packs(setup), "A", "B")
 
 
 def test_positions_path_is_exact_too(setup: Setup) -> None:
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, positions_losses(setup, batch)) <= TOLERANCE
+    assert_positions_path_exact(setup)
 
 
 def test_mutation_positions_continuing_across_samples_mixes_them(setup: Setup) -> None:
-    mutated = continuing_positions(setup.encode("A"))
-    assert loss_diff(setup.truth["A"], mutated, positions_losses(setup, mutated)) > LARGE
+    assert_continuing_positions_mix(setup)
 
 
 def test_mutation_one_slot_boundaries_mixes_samples(setup: Setup) -> None:
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, one_slot(batch))) > LARGE
+    assert_one_slot_mixes(setup)
 
 
 def test_mutation_a_transposed_grid_moves_the_losses(setup: Setup) -> None:
@@ -103,5 +93,4 @@ def test_mutation_a_transposed_grid_moves_the_losses(setup: Setup) -> None:
     grids = batch.vision["image_grid_thw"].clone()
     grids[1, 1], grids[1, 2] = int(grids[1, 2]), int(grids[1, 1])
     assert grids[1].tolist() != batch.vision["image_grid_thw"][1].tolist()
-    mutated = dataclasses.replace(batch, vision=batch.vision | {"image_grid_thw": grids})
-    assert loss_diff(setup.truth["A"], mutated, varlen_losses(setup, mutated)) > LARGE
+    assert_mutation_moves(setup, "A", with_vision(batch, image_grid_thw=grids))

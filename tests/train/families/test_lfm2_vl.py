@@ -32,18 +32,22 @@ from transformers import PreTrainedModel
 
 from families.lfm2_vl.layout import Lfm2VlLayout
 from families.registry import find_layout
-from tests.train.models import Conversation, Family, Sample, Truth, reference
-from tests.train.packed_truth import (
+from tests.train.families.harness import (
     LARGE,
     TOLERANCE,
     Setup,
     assert_equals_alone,
+    assert_restarting_positions,
+    assert_slots,
+    assert_vision_joined,
     build_setup,
     loss_diff,
+    split_pack,
     stock_processor,
 )
+from tests.train.models import Conversation, Family, Sample, Truth, reference
 from train import linear_attention
-from train.batch import PackedBatch, concat_batches
+from train.batch import PackedBatch
 from train.forward import packed_inputs
 from train.linear_attention import CONV_FUNCTION, linear_attention_layers
 from train.loss import per_token_losses
@@ -126,14 +130,10 @@ def batch(setup: Setup) -> PackedBatch:
 
 def check_layout(setup: Setup, batch: PackedBatch, thumbnail: bool) -> None:
     """Restarting positions; the vision keywords are the samples' processor outputs in token order."""
-    cu = batch.cu_seqlens_padded.tolist()
-    assert batch.position_ids.tolist() == [[p for a, b in zip(cu[:-1], cu[1:]) for p in range(b - a)]]
-    assert set(batch.vision) == {"pixel_values", "pixel_attention_mask", "spatial_shapes"}
+    assert_slots(batch, setup.samples["A"])
+    assert_restarting_positions(batch)
+    assert_vision_joined(batch, setup.samples["A"], {"pixel_values": 0, "pixel_attention_mask": 0, "spatial_shapes": 0})
     assert isinstance(batch.vision["pixel_values"], PackedPixels)  # 8-bit patch rows from the worker
-    vision = batch.vision_inputs()
-    for key in batch.vision:  # the real processor's, token order, bit for bit
-        want = torch.cat([s.inputs[key] for s in setup.samples["A"] if key in s.inputs])
-        assert torch.equal(vision[key], want), key
     tiles = [r * c + (thumbnail and r * c > 1) for r, c in GRIDS]
     assert batch.vision["pixel_values"].shape[0] == sum(tiles)
     assert bool((batch.vision["pixel_attention_mask"] == 0).any())  # padded patch rows are in the pack
@@ -158,10 +158,7 @@ def test_example_settings_pack_exactly(tmp_path: Path) -> None:
 
 
 def test_two_packs_in_one_row_equal_samples_alone(setup: Setup) -> None:
-    first = setup.encode("A", order=(0, 1, 2), key="pack-a")
-    second = setup.encode("A", 16, order=(3, 4), key="pack-b")
-    batch = concat_batches([first, second], setup.encoder.joins)
-    assert_equals_alone(setup, batch, "A")
+    assert_equals_alone(setup, split_pack(setup, "A", (0, 1, 2), (3, 4)), "A")
 
 
 def test_stored_plan_is_the_processors(setup: Setup) -> None:

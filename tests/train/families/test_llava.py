@@ -31,22 +31,26 @@ import pytest
 import torch
 
 from prep.example.media import write_video
-from tests.train.models import Conversation, Sample, loaded_pack, media_item
-from tests.train.packed_truth import (
+from tests.train.families.harness import (
     LARGE,
     TOLERANCE,
     Setup,
+    assert_continuing_positions_mix,
     assert_equals_alone,
+    assert_mutation_moves,
+    assert_one_slot_mixes,
     assert_plan_mismatch,
+    assert_positions_path_exact,
+    assert_restarting_positions,
+    assert_slots,
     build_setup,
-    continuing_positions,
     loss_diff,
-    one_slot,
-    positions_losses,
+    two_packs,
     unmasked_first_labels,
     varlen_losses,
 )
-from train.batch import PackedBatch, concat_batches
+from tests.train.models import Conversation, Sample, loaded_pack, media_item
+from train.batch import PackedBatch
 from train.media import VideoProcessorUnavailable
 from train.pixels import vision_inputs
 
@@ -122,7 +126,8 @@ def test_layout_gives_each_sample_what_the_processor_gives(setup: Setup) -> None
 @pytest.mark.parametrize("pad_to_multiple_of", [1, 16])
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multiple_of: int) -> None:
     batch = setup.encode("A", pad_to_multiple_of)
-    assert batch.position_ids.shape == (1, batch.num_tokens)
+    assert_slots(batch, setup.samples["A"], pad_to_multiple_of)
+    assert_restarting_positions(batch)  # 1-D rotary
     assert batch.vision["image_sizes"].shape == (sum(image_counts(setup.samples["A"])), 2)
     packed = assert_equals_alone(setup, batch, "A")  # the same parameters as alone (UNTOUCHED: none)
     assert "model.image_newline" in packed
@@ -130,9 +135,8 @@ def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multip
 
 def test_two_packs_joined_equal_samples_alone(setup: Setup) -> None:
     """`concat_batches` of packs whose largest tile counts differ: tiles re-padded to the row's largest."""
-    first, second = setup.encode("A"), setup.encode("B")
-    assert first.pixel_values.shape[1] != second.pixel_values.shape[1]
-    assert_equals_alone(setup, concat_batches([first, second], setup.encoder.joins), "A", "B")
+    assert setup.encode("A").pixel_values.shape[1] != setup.encode("B").pixel_values.shape[1]
+    assert_equals_alone(setup, two_packs(setup), "A", "B")
 
 
 def test_mutations_of_image_metadata_fail(setup: Setup) -> None:
@@ -168,16 +172,13 @@ def test_onevision_batch_num_images_is_per_image(setup: Setup) -> None:
 def test_positions_path_and_position_mutations(setup: Setup) -> None:
     """Boundaries inferred from position_ids (SDPA without cu_seqlens): exact with restarting
     positions, mixing samples with positions continuing across the row."""
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, positions_losses(setup, batch)) <= TOLERANCE
-    assert loss_diff(setup.truth["A"], batch, positions_losses(setup, continuing_positions(batch))) > LARGE
+    assert_positions_path_exact(setup)
+    assert_continuing_positions_mix(setup)
 
 
 def test_boundary_and_label_mutations_mix_samples(setup: Setup) -> None:
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, one_slot(batch))) > LARGE
-    unmasked = unmasked_first_labels(batch)
-    assert loss_diff(setup.truth["A"], unmasked, varlen_losses(setup, unmasked)) > LARGE
+    assert_one_slot_mixes(setup)
+    assert_mutation_moves(setup, "A", unmasked_first_labels(setup.encode("A")))
 
 
 @pytest.mark.parametrize("field", ["num_tiles", "grid_thw", "num_tokens"])

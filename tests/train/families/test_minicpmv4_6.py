@@ -18,42 +18,33 @@ not reset per sample, one slot for the row, a stored grid / tile count / token c
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from families.minicpmv4_6.layout import MiniCPMV4_6Layout
 from families.registry import find_layout
-from tests.train.families.test_qwen3_5 import long_memory, modeling_modules, unmodified_transformers, whole_row_rule
-from tests.train.models import Conversation, Sample, Truth, reference
-from tests.train.packed_truth import (
-    LARGE,
+from tests.train.families.harness import (
     Setup,
     assert_equals_alone,
+    assert_mutation_moves,
+    assert_one_slot_mixes,
     assert_plan_mismatch,
+    assert_restarting_positions,
+    assert_slots,
+    assert_vision_joined,
     build_setup,
-    loss_diff,
-    one_slot,
+    mixed_packs,
+    two_packs,
     varlen_losses,
+    with_vision,
 )
+from tests.train.families.test_qwen3_5 import long_memory, modeling_modules, unmodified_transformers, whole_row_rule
+from tests.train.models import Sample, Truth, reference
 from train import linear_attention
-from train.batch import PackedBatch, concat_batches
+from train.batch import PackedBatch
 from train.linear_attention import linear_attention_layers
 
-C = Conversation
-PACKS = {
-    "A": (
-        C((), "Hello there, how are you today?", "Fine, thanks for asking."),
-        C(((64, 64),), "What is in the picture?", "A pattern of colours."),
-        C(((600, 448), (64, 80)), "Compare these two images.", "The first one is wider."),
-        C((), "Count to three.", "One, two, three."),
-    ),
-    "B": (
-        C(((300, 700),), "Describe the tall image.", "A tall pattern."),
-        C((), "Say hi.", "Hi."),
-    ),
-}
+PACKS = mixed_packs(one=(64, 64), two=((600, 448), (64, 80)), tall=(300, 700))
 PIECES = {"A": [1, 3, 1], "B": [3]}  # per image in token order: source image + slices
 
 
@@ -75,10 +66,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 
 def assert_pieces_are_the_processors(batch: PackedBatch, samples: list[Sample]) -> None:
     """The row's vision inputs are every sample's own processor output, joined in order."""
-    with_images = [s for s in samples if "pixel_values" in s.inputs]
-    assert set(batch.vision) == {"pixel_values", "target_sizes"}
-    assert torch.equal(batch.pixel_values, torch.cat([s.inputs["pixel_values"] for s in with_images], dim=-1))
-    assert torch.equal(batch.vision["target_sizes"], torch.cat([s.inputs["target_sizes"] for s in with_images]))
+    assert_vision_joined(batch, samples, {"pixel_values": -1, "target_sizes": 0})
 
 
 def test_layout_serves_minicpmv4_6_processor() -> None:
@@ -97,31 +85,27 @@ def test_stored_plan_is_the_processors_pieces(setup: Setup) -> None:
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multiple_of: int) -> None:
     batch = setup.encode("A", pad_to_multiple_of)
     samples = setup.samples["A"]
-    lengths = [s.input_ids.shape[1] for s in samples]
-    assert batch.cu_seqlens.tolist()[: len(lengths) + 1] == [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    assert (batch.num_tokens > batch.num_real_tokens) == (pad_to_multiple_of > 1)
+    assert_slots(batch, samples, pad_to_multiple_of)
+    assert_restarting_positions(batch)  # 1-D rotary
     assert_pieces_are_the_processors(batch, samples)
     packed = assert_equals_alone(setup, batch, "A")
     assert any(".linear_attn." in n and float(g.abs().max()) > 0 for n, g in packed.items())
 
 
 def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup) -> None:
-    batch = concat_batches([setup.encode("A", 16), setup.encode("B", 16)], setup.encoder.joins)
-    samples = setup.samples_of("A", "B")
-    assert batch.pack_keys == ("pack-A", "pack-B") and batch.num_samples == len(samples)
-    assert_pieces_are_the_processors(batch, samples)
+    batch = two_packs(setup, 16)
+    assert_pieces_are_the_processors(batch, setup.samples_of("A", "B"))
     assert_equals_alone(setup, batch, "A", "B")
 
 
 def test_mutation_one_slot_boundaries_mixes_samples(setup: Setup) -> None:
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, one_slot(batch))) > LARGE
+    assert_one_slot_mixes(setup)
 
 
 def test_mutation_delta_state_not_reset_mixes_samples(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
     batch = setup.encode("A")
     monkeypatch.setattr(linear_attention, "segmentwise_rule", whole_row_rule)
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, batch)) > LARGE
+    assert_mutation_moves(setup, "A", batch)
 
 
 def test_mutation_dropping_a_slice_fails(setup: Setup) -> None:
@@ -132,12 +116,10 @@ def test_mutation_dropping_a_slice_fails(setup: Setup) -> None:
     ends = (sizes[:, 0] * sizes[:, 1]).cumsum(0) * patch
     start, end = int(ends[2 - 1]), int(ends[2])  # piece 2: sample 2's second slice
     pixels = batch.pixel_values
-    mutated = dataclasses.replace(
+    mutated = with_vision(
         batch,
-        vision={
-            "pixel_values": torch.cat([pixels[..., :start], pixels[..., end:]], dim=-1),
-            "target_sizes": torch.cat([batch.vision["target_sizes"][:2], batch.vision["target_sizes"][3:]]),
-        },
+        pixel_values=torch.cat([pixels[..., :start], pixels[..., end:]], dim=-1),
+        target_sizes=torch.cat([batch.vision["target_sizes"][:2], batch.vision["target_sizes"][3:]]),
     )
     with pytest.raises(ValueError, match="do not match"):
         varlen_losses(setup, mutated)
@@ -150,8 +132,7 @@ def test_mutation_wrong_piece_sizes_move_the_losses(setup: Setup) -> None:
     sizes = batch.vision["target_sizes"]
     swapped = sizes.flip(-1)
     assert not torch.equal(swapped, sizes)  # pack A holds non-square pieces (600x448's source, 64x80)
-    mutated = dataclasses.replace(batch, vision={**batch.vision, "target_sizes": swapped})
-    assert loss_diff(setup.truth["A"], mutated, varlen_losses(setup, mutated)) > LARGE
+    assert_mutation_moves(setup, "A", with_vision(batch, target_sizes=swapped))
 
 
 @pytest.mark.parametrize("field", ["num_tiles", "grid_thw", "num_tokens"])

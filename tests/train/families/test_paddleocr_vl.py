@@ -28,20 +28,25 @@ import torch
 
 from families.paddleocr_vl.layout import PaddleOCRVLLayout
 from families.registry import find_layout
-from tests.train.models import CONVERSATIONS, Conversation
-from tests.train.packed_truth import (
+from tests.train.families.harness import (
     LARGE,
-    TOLERANCE,
     Setup,
     assert_equals_alone,
+    assert_mutation_moves,
+    assert_one_slot_mixes,
     assert_plan_mismatch,
+    assert_positions_path_exact,
+    assert_restarting_positions,
+    assert_slots,
+    assert_vision_joined,
     build_setup,
     loss_diff,
-    one_slot,
     positions_losses,
-    varlen_losses,
+    two_packs,
+    with_vision,
 )
-from train.batch import PackedBatch, concat_batches
+from tests.train.models import CONVERSATIONS, Conversation
+from train.batch import PackedBatch
 
 #: pack B: 300 x 40 -> 1064 x 168 (grid 12 x 76); 20 x 600 -> 28 x 840 first, then up to min_pixels
 PACK_B = (
@@ -73,32 +78,21 @@ def test_layout_serves_the_processor_class() -> None:
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pack: str, pad_to_multiple_of: int) -> None:
     batch = setup.encode(pack, pad_to_multiple_of)
     samples = setup.samples[pack]
-    lengths = [s.input_ids.shape[1] for s in samples]
-    assert batch.cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    assert batch.position_ids.shape == (4, 1, batch.num_tokens)
-    assert (batch.num_tokens > batch.num_real_tokens) == (pad_to_multiple_of > 1)
-    assert set(batch.vision) == {"pixel_values", "image_grid_thw"}
-    grids = [g for s in samples if "image_grid_thw" in s.inputs for g in s.inputs["image_grid_thw"].tolist()]
-    assert batch.image_grid_thw.tolist() == grids  # the real processor's grids, in token order
-    assert torch.equal(
-        batch.pixel_values, torch.cat([s.inputs["pixel_values"] for s in samples if "pixel_values" in s.inputs])
-    )
+    assert_slots(batch, samples, pad_to_multiple_of)
+    assert_restarting_positions(batch, rows=4)
+    assert_vision_joined(batch, samples, {"pixel_values": 0, "image_grid_thw": 0})  # the real processor's
     assert_equals_alone(setup, batch, pack)
 
 
 @pytest.mark.parametrize("pad_to_multiple_of", [1, 16])
 def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup, pad_to_multiple_of: int) -> None:
     """``--packs-per-microbatch 2``: both packs' patches and grids in one row."""
-    a, b = (setup.encode(name, pad_to_multiple_of) for name in ("A", "B"))
-    batch = concat_batches([a, b], setup.encoder.joins)
-    assert batch.pack_keys == ("pack-A", "pack-B") and batch.num_samples == len(setup.samples_of("A", "B"))
-    assert_equals_alone(setup, batch, "A", "B")
+    assert_equals_alone(setup, two_packs(setup, pad_to_multiple_of), "A", "B")
 
 
 def test_positions_path_is_exact_too(setup: Setup) -> None:
     """The oracle of the positions mutation: correct 4-row positions pack exactly on that path."""
-    batch = setup.encode("B")
-    assert loss_diff(setup.truth["B"], batch, positions_losses(setup, batch)) <= TOLERANCE
+    assert_positions_path_exact(setup, "B")
 
 
 def test_mutation_whole_row_positions_mixes_samples(setup: Setup) -> None:
@@ -107,8 +101,7 @@ def test_mutation_whole_row_positions_mixes_samples(setup: Setup) -> None:
 
 
 def test_mutation_one_slot_boundaries_mixes_samples(setup: Setup) -> None:
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, one_slot(batch))) > LARGE
+    assert_one_slot_mixes(setup)
 
 
 def test_mutation_transposed_grid_moves_the_losses(setup: Setup) -> None:
@@ -117,8 +110,7 @@ def test_mutation_transposed_grid_moves_the_losses(setup: Setup) -> None:
     grids = batch.vision["image_grid_thw"].clone()
     assert grids[0, 1] != grids[0, 2]
     grids[0, 1:] = grids[0, [2, 1]]
-    mutated = dataclasses.replace(batch, vision=batch.vision | {"image_grid_thw": grids})
-    assert loss_diff(setup.truth["B"], mutated, varlen_losses(setup, mutated)) > LARGE
+    assert_mutation_moves(setup, "B", with_vision(batch, image_grid_thw=grids))
 
 
 @pytest.mark.parametrize("field", ["grid_thw", "num_tokens", "num_tiles"])

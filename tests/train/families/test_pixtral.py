@@ -24,21 +24,23 @@ import torch
 
 from families.pixtral.layout import PixtralLayout
 from families.registry import find_layout
-from tests.train.models import CONVERSATIONS, Conversation, Sample
-from tests.train.packed_truth import (
-    LARGE,
-    TOLERANCE,
+from tests.train.families.harness import (
     Setup,
+    assert_continuing_positions_mix,
     assert_equals_alone,
+    assert_mutation_moves,
+    assert_one_slot_mixes,
     assert_plan_mismatch,
+    assert_positions_path_exact,
+    assert_restarting_positions,
+    assert_slots,
     build_setup,
-    continuing_positions,
-    loss_diff,
-    one_slot,
-    positions_losses,
+    two_packs,
     varlen_losses,
+    with_vision,
 )
-from train.batch import PackedBatch, concat_batches
+from tests.train.models import CONVERSATIONS, Conversation, Sample
+from train.batch import PackedBatch
 
 FAMILIES = ("pixtral", "mistral3")
 #: pack B: 1600 x 24 exceeds both longest edges (1024, 1540): downscaled; 60 x 150 is taller than pack A
@@ -83,10 +85,8 @@ def test_layout_serves_both_processor_classes() -> None:
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pack: str, pad_to_multiple_of: int) -> None:
     batch = setup.encode(pack, pad_to_multiple_of)
     samples = setup.samples[pack]
-    lengths = [s.input_ids.shape[1] for s in samples]
-    assert batch.cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    assert batch.position_ids.shape == (1, batch.num_tokens)  # 1-D rotary: restarting text positions
-    assert (batch.num_tokens > batch.num_real_tokens) == (pad_to_multiple_of > 1)
+    assert_slots(batch, samples, pad_to_multiple_of)
+    assert_restarting_positions(batch)  # 1-D rotary
     assert set(batch.vision) == {"pixel_values", "image_sizes"}
     assert_vision_is_the_processors(batch, samples)
     assert_equals_alone(setup, batch, pack)
@@ -95,38 +95,32 @@ def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pack: str, pa
 @pytest.mark.parametrize("pad_to_multiple_of", [1, 16])
 def test_two_packs_per_microbatch_equal_samples_alone(setup: Setup, pad_to_multiple_of: int) -> None:
     """``--packs-per-microbatch 2``: pack A's images padded to pack B's larger ones in one tensor."""
-    a, b = (setup.encode(name, pad_to_multiple_of) for name in ("A", "B"))
-    batch = concat_batches([a, b], setup.encoder.joins)
+    batch = two_packs(setup, pad_to_multiple_of)
     samples = setup.samples_of("A", "B")
-    assert batch.pack_keys == ("pack-A", "pack-B") and batch.num_samples == len(samples)
-    assert batch.pixel_values.shape[2] > a.pixel_values.shape[2]  # A's images padded more
+    assert batch.pixel_values.shape[2] > setup.encode("A").pixel_values.shape[2]  # A's images padded more
     assert_vision_is_the_processors(batch, samples)
     assert_equals_alone(setup, batch, "A", "B")
 
 
 def test_positions_path_is_exact_too(setup: Setup) -> None:
     """The oracle of the positions mutation: restarting positions pack exactly on that path."""
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, positions_losses(setup, batch)) <= TOLERANCE
+    assert_positions_path_exact(setup)
 
 
 def test_mutation_positions_continuing_across_samples_mixes_them(setup: Setup) -> None:
-    mutated = continuing_positions(setup.encode("A"))
-    assert loss_diff(setup.truth["A"], mutated, positions_losses(setup, mutated)) > LARGE
+    assert_continuing_positions_mix(setup)
 
 
 def test_mutation_one_slot_boundaries_mixes_samples(setup: Setup) -> None:
-    batch = setup.encode("A")
-    assert loss_diff(setup.truth["A"], batch, varlen_losses(setup, one_slot(batch))) > LARGE
+    assert_one_slot_mixes(setup)
 
 
 def test_mutation_dropping_a_samples_image_sizes_fails(setup: Setup) -> None:
     """Sample 1's single image loses its ``image_sizes`` row: the tower embeds the wrong images."""
     batch = setup.encode("A")
     sizes = batch.vision["image_sizes"]
-    mutated = dataclasses.replace(batch, vision=batch.vision | {"image_sizes": sizes[1:]})
     with pytest.raises(ValueError, match="do not match"):
-        varlen_losses(setup, mutated)
+        varlen_losses(setup, with_vision(batch, image_sizes=sizes[1:]))
     without = dataclasses.replace(batch, vision={"pixel_values": batch.pixel_values})
     with pytest.raises((ValueError, TypeError)):  # LLaVA: every image at full padded size; Mistral 3: required
         varlen_losses(setup, without)
@@ -137,8 +131,7 @@ def test_mutation_swapped_image_sizes_move_the_losses(setup: Setup) -> None:
     batch = setup.encode("A")
     sizes = batch.vision["image_sizes"].clone()
     sizes[[1, 2]] = sizes[[2, 1]]
-    mutated = dataclasses.replace(batch, vision=batch.vision | {"image_sizes": sizes})
-    assert loss_diff(setup.truth["A"], mutated, varlen_losses(setup, mutated)) > LARGE
+    assert_mutation_moves(setup, "A", with_vision(batch, image_sizes=sizes))
 
 
 @pytest.mark.parametrize("field", ["grid_thw", "num_tokens", "num_tiles"])

@@ -28,19 +28,22 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from tests.train.models import CONVERSATIONS, Sample, Truth, reference
-from tests.train.packed_truth import (
+from tests.train.families.harness import (
     LARGE,
     TOLERANCE,
     Setup,
     assert_equals_alone,
+    assert_restarting_positions,
+    assert_slots,
     build_setup,
     loss_diff,
+    split_pack,
     varlen_losses,
 )
+from tests.train.models import CONVERSATIONS, Sample, Truth, reference
 from train import linear_attention
 from train.attention import prepare_model_for_packing
-from train.batch import PackedBatch, concat_batches
+from train.batch import PackedBatch
 from train.forward import packed_inputs
 from train.linear_attention import (
     CONV_FUNCTION,
@@ -128,8 +131,8 @@ def packed_diff(setup: Setup, batch: PackedBatch, order: tuple[int, ...] = (0, 1
 @pytest.mark.parametrize("pad_to_multiple_of", [1, 16])
 def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multiple_of: int) -> None:
     batch = setup.encode("A", pad_to_multiple_of)
-    assert batch.position_ids.shape == (4, 1, batch.num_tokens)
-    assert (batch.num_tokens > batch.num_real_tokens) == (pad_to_multiple_of > 1)
+    assert_slots(batch, setup.samples["A"], pad_to_multiple_of)
+    assert_restarting_positions(batch, rows=4)
     assert batch.image_grid_thw.shape[0] == sum(len(c.image_sizes) for c in CONVERSATIONS) == 3
     packed = assert_equals_alone(setup, batch, "A")
     linear = [n for n in packed if ".linear_attn." in n]
@@ -139,8 +142,7 @@ def test_packed_losses_and_grads_equal_samples_alone(setup: Setup, pad_to_multip
 
 def test_two_packs_per_micro_batch(setup: Setup) -> None:
     """``--packs-per-microbatch 2``: boundaries continue across the joined packs."""
-    first, second = setup.encode("A", 16, order=(2, 0)), setup.encode("A", order=(1, 3))
-    batch = concat_batches([first, second], setup.encoder.joins)
+    batch = split_pack(setup, "A", (2, 0), (1, 3), pads=(16, 1))
     assert packed_diff(setup, batch, (2, 0, 1, 3)) <= TOLERANCE
 
 
