@@ -147,6 +147,7 @@ def _worker(rank: int, spec: RunSpec, port: int, out: str) -> None:
         result = _train(spec, rank, spec.sharding, [step[rank] for step in spec.steps])
         if result is not None:
             torch.save(result, out)
+        dist.barrier()  # as `train hf` does: no rank tears gloo down while a peer still talks (CI saw a SIGABRT)
     finally:
         shutdown()
 
@@ -234,6 +235,7 @@ def _load_worker(rank: int, model_dir: Path, world: int, port: int, out: str) ->
         if rank == 0:
             buffers = {k: v.clone() for k, v in model.named_buffers()}
             torch.save(LoadResult(state, buffers, read), out)
+        dist.barrier()  # as `train hf` does: no rank tears gloo down while a peer still talks
     finally:
         shutdown()
 
