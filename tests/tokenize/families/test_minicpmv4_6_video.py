@@ -32,7 +32,7 @@ from hypothesis import strategies as st  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers import AutoProcessor  # noqa: E402
 from transformers.image_utils import load_image  # noqa: E402
-from transformers.video_utils import VideoMetadata, load_video  # noqa: E402
+from transformers.video_utils import VideoMetadata  # noqa: E402
 
 from families.counter import MediaRejected  # noqa: E402
 from families.minicpmv4_6.counter import MiniCPMV4_6Counter, exact_rate, sample_frames, video_plan  # noqa: E402
@@ -43,6 +43,7 @@ from prep.example.media import write_video  # noqa: E402
 from prep.sources.conversation import Conversation, MediaItem  # noqa: E402
 from prep.sources.media import video_meta  # noqa: E402
 from prep.tokenize.core import SampleTokenizer  # noqa: E402
+from prep.tokenize.processor_path import fetch_videos_with_pyav  # noqa: E402
 from schemas.dataset_config import VideoSampling  # noqa: E402
 from schemas.media import MediaKind, VideoMeta  # noqa: E402
 from schemas.media_ref import MediaRef  # noqa: E402
@@ -82,12 +83,7 @@ def real_processor(path: Path) -> Any:
     """``AutoProcessor`` whose video processor reads paths with transformers' PyAV reader."""
     processor = AutoProcessor.from_pretrained(str(path))
 
-    def fetch(urls: Any, sample_indices_fn: Any = None) -> Any:
-        if isinstance(urls, list):
-            return list(zip(*[fetch(u, sample_indices_fn) for u in urls], strict=True))
-        return load_video(urls, backend="pyav", sample_indices_fn=sample_indices_fn)
-
-    processor.video_processor.fetch_videos = fetch
+    processor.video_processor.fetch_videos = fetch_videos_with_pyav  # prep's own PyAV reader
     return processor
 
 

@@ -49,6 +49,7 @@ from families.kimi_k25.counter import KimiK25Counter  # noqa: E402
 from families.processor import load_processor  # noqa: E402
 from prep.example.media import make_image_bytes, write_video  # noqa: E402
 from prep.sources.media import video_meta  # noqa: E402
+from prep.tokenize.processor_path import fetch_videos_with_pyav  # noqa: E402
 from schemas.dataset_config import VideoSampling  # noqa: E402
 from schemas.media_ref import MediaRef  # noqa: E402
 from train.encoder import PackEncoder  # noqa: E402
@@ -72,16 +73,10 @@ VIDEOS = {"a": (11, 6.0, 96, 64), "b": (8, 4.0, 96, 64), "c": (6, 25.0, 30, 58)}
 def _processor(processor_dir: Path) -> Any:
     """The real processor, its video processor reading paths with transformers' own PyAV reader."""
     from transformers import AutoProcessor
-    from transformers.video_utils import load_video
 
     processor = AutoProcessor.from_pretrained(str(processor_dir))
 
-    def fetch(urls: Any, sample_indices_fn: Any = None) -> Any:
-        if isinstance(urls, list):
-            return list(zip(*[fetch(u, sample_indices_fn) for u in urls], strict=True))
-        return load_video(urls, backend="pyav", sample_indices_fn=sample_indices_fn)
-
-    processor.video_processor.fetch_videos = fetch
+    processor.video_processor.fetch_videos = fetch_videos_with_pyav  # prep's own PyAV reader
     return processor
 
 

@@ -31,12 +31,12 @@ pytest.importorskip("av")
 from PIL import Image  # noqa: E402
 from transformers import AutoProcessor  # noqa: E402
 from transformers.image_utils import load_image  # noqa: E402
-from transformers.video_utils import load_video  # noqa: E402
 
 from families.processor import load_processor  # noqa: E402
 from prep.example.media import write_video  # noqa: E402
 from prep.sources.conversation import Conversation, MediaItem  # noqa: E402
 from prep.tokenize.core import SampleTokenizer  # noqa: E402
+from prep.tokenize.processor_path import fetch_videos_with_pyav  # noqa: E402
 from schemas.dataset_config import VideoSampling  # noqa: E402
 from schemas.media_ref import MediaRef  # noqa: E402
 from tests.train.families.test_qwen3_5 import long_memory, modeling_modules, unmodified_transformers  # noqa: E402
@@ -62,12 +62,7 @@ KEYS = ("input_ids", "pixel_values", "target_sizes", "pixel_values_videos", "tar
 def real_processor(processor_dir: Path) -> Any:
     processor = AutoProcessor.from_pretrained(str(processor_dir))
 
-    def fetch(urls: Any, sample_indices_fn: Any = None) -> Any:
-        if isinstance(urls, list):
-            return list(zip(*[fetch(u, sample_indices_fn) for u in urls], strict=True))
-        return load_video(urls, backend="pyav", sample_indices_fn=sample_indices_fn)
-
-    processor.video_processor.fetch_videos = fetch
+    processor.video_processor.fetch_videos = fetch_videos_with_pyav  # prep's own PyAV reader
     return processor
 
 
