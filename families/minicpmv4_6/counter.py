@@ -76,7 +76,7 @@ from typing import Any
 import numpy as np
 
 from families.counter import MediaCount, MediaRejected
-from families.minicpmv4_6.settings import MiniCPMV4_6Settings
+from families.minicpmv4_6.settings import MiniCPMV4_6Settings, SliceRule
 from families.processor import ProcessorBundle
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
@@ -138,17 +138,10 @@ class ImagePlan:
         return self.source_tokens + self.num_slices * self.slice_tokens
 
 
-def slice_plan(
-    width: int,
-    height: int,
-    *,
-    scale_resolution: int,
-    max_slice_nums: int,
-    patch_size: int,
-    merge_factor: int,
-    slice_mode: bool,
-) -> ImagePlan:
+def slice_plan(width: int, height: int, rule: SliceRule) -> ImagePlan:
     """What the image (or video) processor makes of one ``width`` x ``height`` picture (module docstring)."""
+    scale_resolution, max_slice_nums, patch_size = rule.scale_resolution, rule.max_slice_nums, rule.patch_size
+    merge_factor, slice_mode = rule.merge_factor, rule.slice_mode
     multiple = patch_size * merge_factor
     grid = (
         slice_grid(height, width, max_slice_nums=max_slice_nums, scale_resolution=scale_resolution)
@@ -333,15 +326,7 @@ class MiniCPMV4_6Counter:
     def plan(self, width: int, height: int) -> ImagePlan:
         """The source image and slices of a ``width`` x ``height`` image (module docstring)."""
         s = self.settings
-        return slice_plan(
-            width,
-            height,
-            scale_resolution=s.scale_resolution,
-            max_slice_nums=s.max_slice_nums,
-            patch_size=s.patch_size,
-            merge_factor=s.merge_factor,
-            slice_mode=s.slice_mode,
-        )
+        return slice_plan(width, height, s)
 
     def count_image(self, width: int, height: int) -> MediaCount:
         """The image as the first of its sample (``<image_id>0</image_id>``); `numbered` renumbers it."""
@@ -411,15 +396,7 @@ class MiniCPMV4_6Counter:
     def _video_unit(self, height: int, width: int) -> tuple[list[int], ImagePlan]:
         """``replace_video_token``'s text of one unit (``<image>``, the video token, slices) and its plan."""
         v = self.settings.video
-        unit = slice_plan(
-            width,
-            height,
-            scale_resolution=v.scale_resolution,
-            max_slice_nums=v.max_slice_nums,
-            patch_size=v.patch_size,
-            merge_factor=v.merge_factor,
-            slice_mode=v.slice_mode,
-        )
+        unit = slice_plan(width, height, v)
         m, pad = self.markup_ids, self.settings.video_token_id
         ids = [m["image_start_token"], *([pad] * unit.source_tokens), m["image_end_token"]]
         rows, cols = unit.grid or (0, 0)

@@ -11,7 +11,7 @@ processor's (``MiniCPMV4_6Processor.__call__``). The video processor's settings 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from families.processor import ProcessorBundle, ProcessorLoadError
 from families.settings import effective_image_settings
@@ -39,6 +39,31 @@ MARKUP = (
 )
 
 
+def merge_factor(downsample_mode: str) -> int:
+    """Patches per side merged into one token: 4 in "16x" mode, 2 in "4x" (``find_best_resize``)."""
+    return 2 if downsample_mode == "4x" else 4
+
+
+def patches_per_token(downsample_mode: str) -> int:
+    """``MiniCPMV4_6Processor.image_token_divisor`` / ``video_token_divisor``."""
+    return merge_factor(downsample_mode) ** 2
+
+
+class SliceRule(Protocol):
+    """What slicing one picture reads: the image and the video settings both hold it."""
+
+    @property
+    def scale_resolution(self) -> int: ...
+    @property
+    def max_slice_nums(self) -> int: ...
+    @property
+    def patch_size(self) -> int: ...
+    @property
+    def slice_mode(self) -> bool: ...
+    @property
+    def merge_factor(self) -> int: ...
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MiniCPMV4_6VideoSettings:
     """``MiniCPMV4_6VideoProcessor``'s settings: every frame (and stacked canvas) is sliced like an image."""
@@ -55,12 +80,11 @@ class MiniCPMV4_6VideoSettings:
 
     @property
     def merge_factor(self) -> int:
-        return 2 if self.downsample_mode == "4x" else 4
+        return merge_factor(self.downsample_mode)
 
     @property
     def patches_per_token(self) -> int:
-        """``MiniCPMV4_6Processor.video_token_divisor``."""
-        return 4 if self.downsample_mode == "4x" else 16
+        return patches_per_token(self.downsample_mode)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> MiniCPMV4_6VideoSettings:
@@ -97,13 +121,11 @@ class MiniCPMV4_6Settings:
 
     @property
     def merge_factor(self) -> int:
-        """Patches per side merged into one token: 4 in "16x" mode, 2 in "4x" (``find_best_resize``)."""
-        return 2 if self.downsample_mode == "4x" else 4
+        return merge_factor(self.downsample_mode)
 
     @property
     def patches_per_token(self) -> int:
-        """``MiniCPMV4_6Processor.image_token_divisor``."""
-        return 4 if self.downsample_mode == "4x" else 16
+        return patches_per_token(self.downsample_mode)
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> MiniCPMV4_6Settings:
