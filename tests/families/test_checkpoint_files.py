@@ -17,6 +17,8 @@ from families.gemma4.example import GEMMA4_CHAT_TEMPLATE
 from families.kimi_k25.example import KIMI_K25_TEMPLATE
 from families.lfm2_vl.example import CHAT_TEMPLATE as LFM2_VL_TEMPLATE
 from families.lfm2_vl.example import PREPROCESSOR_CONFIG as LFM2_VL_SETTINGS
+from families.minicpmv4_6.example import IMAGE_SETTINGS as MINICPMV4_6_SETTINGS
+from families.minicpmv4_6.example import MINICPMV4_6_CHAT_TEMPLATE
 from families.paddleocr_vl.example import IMAGE_SETTINGS as PADDLEOCR_VL_SETTINGS
 from families.paddleocr_vl.example import PADDLEOCR_VL_CHAT_TEMPLATE
 
@@ -93,6 +95,52 @@ def test_gemma4_template_renders_as_the_checkpoints() -> None:
         thinking
         == "<bos><|turn>system\n<|think|><turn|>\n<|turn>user\n\n\n<|image|>\n\nWhat is it?<turn|>\n<|turn>model\n"
     )
+
+
+def test_minicpmv4_6_template_and_image_settings_are_the_checkpoints() -> None:
+    """sophgo/LLM-TPU models/MiniCPMV4_6/config/chat_template.jinja @ e2815801 (openbmb/MiniCPM-V-4.6-AWQ's
+    files; 7301 characters, as that folder's tokenizer_config.json @ bea5f3e4 embeds it), equal character
+    for character; baidu-baige/LoongForge minicpm_v_4_6_hf_training.jinja @ c6275661 is the same text with
+    generation blocks added. What it renders: enable_thinking false unless passed (an empty think block
+    closes the generation prompt), items joined by newlines, reasoning kept after the last user turn only."""
+    assert len(MINICPMV4_6_CHAT_TEMPLATE) == 7301
+    assert _sha256(MINICPMV4_6_CHAT_TEMPLATE) == "dfe1fa43a3444f065406d3a2b9aa315602f5c146b80cf22e0426a6c1466d85aa"
+    messages = [
+        {"role": "system", "content": " Be brief. "},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]},
+        {"role": "assistant", "content": "<think>\nLook.\n</think>\n\nA cat."},
+        {"role": "user", "content": [{"type": "text", "text": "Sure?"}, {"type": "video"}]},
+    ]
+    text = _render(MINICPMV4_6_CHAT_TEMPLATE, messages, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\n<|image_pad|>\nWhat is it?<|im_end|>\n"
+        "<|im_start|>assistant\nA cat.<|im_end|>\n"
+        "<|im_start|>user\nSure?\n<|video_pad|><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    thinking = _render(MINICPMV4_6_CHAT_TEMPLATE, messages, add_generation_prompt=True, enable_thinking=True)
+    assert thinking == text.removesuffix("<think>\n\n</think>\n\n") + "<think>\n"
+    replied = _render(MINICPMV4_6_CHAT_TEMPLATE, [*messages[:2], {"role": "assistant", "content": "A cat."}])
+    assert replied.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nA cat.<|im_end|>\n")
+    # processor_config.json @ e2815801 (image_processor)
+    checkpoint = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "downsample_mode": "16x",
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "max_slice_nums": 9,
+        "patch_size": 14,
+        "resample": 3,
+        "rescale_factor": 0.00392156862745098,
+        "scale_resolution": 448,
+        "slice_mode": True,
+        "use_image_id": True,
+    }
+    assert MINICPMV4_6_SETTINGS == checkpoint
 
 
 KIMI_DEFAULT_SYSTEM = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"

@@ -39,13 +39,16 @@ class Markers:
     """What the family's template writes around a reply: ``opener`` reply ``closer``.
 
     ``closer`` None: the template closes no turn (GLM); a reply runs to the next ``<|user|>`` or the
-    end. ``space_token``: SentencePiece folds the space the template writes after ``</s>`` into the
+    end. ``prefill``: what the generation prompt writes after the opener (MiniCPM-V 4.6's empty
+    ``<think>\\n\\n</think>\\n\\n`` when thinking is off), skipped where a reply starts with it.
+    ``space_token``: SentencePiece folds the space the template writes after ``</s>`` into the
     next token (LLaVA-NeXT ``▁[INST]``), which the character-overlap rule trains on too.
     """
 
     opener: str
     closer: str | None
     space_token: bool = False
+    prefill: str | None = None  # written after the opener by the generation prompt too: prompt, not reply
 
 
 CHATML = Markers("<|im_start|>assistant\n", "<|im_end|>\n")
@@ -56,7 +59,7 @@ MARKERS = {
     "qwen2_5_vl": CHATML,
     "qwen3_vl": CHATML,
     "qwen3_5": CHATML,
-    "minicpmv4_6": CHATML,
+    "minicpmv4_6": Markers("<|im_start|>assistant\n", "<|im_end|>\n", prefill="<think>\n\n</think>\n\n"),
     "qwen2_5_omni": CHATML,
     "qwen3_omni_moe": CHATML,
     "internvl": CHATML,
@@ -112,6 +115,15 @@ def _shapes(media: cases.MediaFiles) -> dict[str, Turns]:
     }
 
 
+# Conversations the real processor renders but prep refuses (a template_error row naming why), with the
+# reason. MiniCPM-V 4.6's template (Qwen3.5's) rewrites the reply after the last user turn: it moves
+# inline reasoning into its own "<think>\n...\n</think>\n\n" block, so swapping the reply's text for
+# the sentinel changes the rest; and it raises on a conversation without a user turn, which is what the
+# sentinel render of an opening reply is.
+REFUSED = {
+    ("minicpmv4_6", "reasoning_multi_turn"): "changing this reply's text changes how it renders the other turns",
+    ("minicpmv4_6", "reply_before_user"): "No user query found in messages.",
+}
 FAMILIES = example_families()
 SHAPES = [
     "system_one_reply",
@@ -160,8 +172,11 @@ def _reply_mask(bundle: ProcessorBundle, ids: list[int], markers: Markers) -> tu
     mask = np.zeros(len(ids), dtype=np.uint8)
     texts = []
     pos = _find(ids, opener)
+    prefill = tok(markers.prefill, add_special_tokens=False)["input_ids"] if markers.prefill else []
     while pos != -1:
         start = pos + len(opener)
+        if prefill and ids[start : start + len(prefill)] == prefill:
+            start += len(prefill)
         if markers.closer is None:
             stop = _find(ids, tok("<|user|>", add_special_tokens=False)["input_ids"], start)
             end = len(ids) if stop == -1 else stop
@@ -190,6 +205,12 @@ def test_ids_equal_the_processor_and_the_mask_covers_exactly_the_replies(family_
     bundle = family_bundles[family]
     tokenizer = SampleTokenizer(bundle)
     conv = tokenizer.for_template(cases.conversation(_shapes(media)[shape], join_text_turns=True))
+    if (family, shape) in REFUSED:
+        _processor_ids(bundle, conv)  # the real processor renders it
+        with pytest.raises(SampleError, match=REFUSED[family, shape]) as err:
+            tokenizer.tokenize(conv, VideoSampling())
+        assert err.value.reason == Reason.TEMPLATE_ERROR
+        return
     sample = tokenizer.tokenize(conv, VideoSampling())
     ids = _processor_ids(bundle, conv)
     assert sample.input_ids == ids
@@ -214,6 +235,12 @@ def test_a_reply_before_any_user_turn_trains_on_its_text_only(family_bundles, fa
             [("assistant", ["Welcome."]), ("user", ["Hi"]), ("assistant", ["Hello."])], join_text_turns=True
         )
     )
+    if (family, "reply_before_user") in REFUSED:
+        _processor_ids(bundle, conv)  # the real processor renders it
+        with pytest.raises(SampleError, match=REFUSED[family, "reply_before_user"]) as refused:
+            tokenizer.tokenize(conv, VideoSampling())
+        assert refused.value.reason == Reason.TEMPLATE_ERROR
+        return
     try:
         ids = _processor_ids(bundle, conv)
     except Exception as exc:  # the template raises (roles must alternate): ours is a template_error row
