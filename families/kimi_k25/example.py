@@ -14,28 +14,40 @@ dataset's sampling at every call. The tiny model's ``pos_emb_time`` (4) covers a
 Tokenizer: a small byte-level BPE (the checkpoint's tiktoken split without its Han-class
 intersections) carrying Kimi's special tokens at ids 0.. in the checkpoint's order
 (``[BOS]`` ``[EOS]`` ``<|im_end|>`` ``<|im_user|>`` ``<|im_assistant|>`` ... ``<|media_pad|>``
-``<think>`` ``</think>``; 163584.. upstream). Chat template: K2.5's format written out
-(``<|im_system|>system<|im_middle|>`` ... ``<|im_end|>``, the default system turn "You are Kimi,
-an AI assistant created by Moonshot AI." when the conversation opens without one,
-``<|im_user|>user<|im_middle|>``, ``<|im_assistant|>assistant<|im_middle|>``; each image
-``<|media_begin|>image<|media_content|><|media_pad|><|media_end|>`` and a newline; every message up
-to the last reply without tool calls is history, its replies an empty ``<think></think>``, replies
-after it keep ``<think>reasoning</think>``; the generation prompt opens ``<think>``).
+``<think>`` ``</think>``; 163584.. upstream). Chat template: K2.5's, written out here (equal in what
+it renders, not in text): ``<|im_system|>system<|im_middle|>`` ... ``<|im_end|>`` for a system turn
+(no default one), ``<|im_user|>user<|im_middle|>``, ``<|im_assistant|>assistant<|im_middle|>`` (a
+message's ``name`` replaces the role there); each image
+``<|media_begin|>image<|media_content|><|media_pad|><|media_end|>`` and each video
+``<|kimi_k25_video_placeholder|>``, both followed by a newline; every message up to the last reply
+without tool calls is history, whose replies carry an empty ``<think></think>``; replies after it
+keep ``<think>reasoning</think>`` unless ``thinking`` is false; the generation prompt opens
+``<think>`` (``<think></think>`` when ``thinking`` is false); tool declarations (``tools_ts_str`` or
+compact JSON), tool calls and ``## Return of <id>`` tool turns as K2.5 writes them.
 
-Provenance (no copy of the K2.5 hub files was found; each value's source):
+Provenance (no verbatim copy of the K2.5 hub files was found; each value's source):
 
-- template structure (default system turn, history / suffix split, ``<think></think>`` in history,
-  the image's trailing newline): Kimi-K2-Thinking's ``chat_template.jinja`` as llama.cpp stores it
-  (ggml-org/llama.cpp ``models/templates/moonshotai-Kimi-K2-Thinking.jinja`` @ 0c3c896e), which K2.5
-  keeps per thinking-machines-lab/tinker-cookbook ``tinker_cookbook/renderers/kimi_k25.py`` @ 0703356c
-  (``KimiK25Renderer``: K2's default system message, image suffix ``<|media_end|>\n``, the ``<think>``
-  generation prefill, tested there against the HF template);
-- ``<|media_begin|>`` (K2-Thinking writes ``<|media_start|>``): vLLM's ``kimi_k25.py`` placeholder;
+- chat template: two public copies of K2.5's ``chat_template.jinja``, each edited by its user and
+  otherwise the same text: radixark/miles ``miles/utils/chat_template_utils/templates/kimi_k25_fixed.jinja``
+  @ 31f1ca96 (last changed in cbe19400; a ``preserve_thinking`` switch added) and baidu-baige/LoongForge
+  ``loongforge/data/chat_templates/kimi_k2_5_training.jinja`` @ c6275661 (``{% generation %}`` blocks
+  added). With those edits undone this template renders the same text on 234 conversations (system,
+  multi-turn, reasoning, images, videos, names, tools, tool calls and results, ``thinking`` unset / true
+  / false, with and without the generation prompt). It is Kimi-K2-Thinking's (ggml-org/llama.cpp
+  ``models/templates/moonshotai-Kimi-K2-Thinking.jinja`` @ 0c3c896e) with ``<|media_begin|>``, videos,
+  TypeScript tool declarations and the ``thinking`` switch, and without K2-Thinking's default system
+  turn. Unsloth's K2.5 guide shows a default system turn in its render of a user-only conversation;
+  both copies, ms-swift's ``kimi_k25`` template (``default_system=None``) and modular's K2.5 test
+  prompt have none. Before this was checked the example had that default system turn, no newline after
+  a video and kept the reasoning of replies after the last one without tool calls when ``thinking`` was
+  false.
+- ``<|media_begin|>`` (K2-Thinking writes ``<|media_start|>``): both copies and vLLM's ``kimi_k25.py``
+  placeholder;
 - image settings: the transformers 5.24 ``Kimi_K25ImageProcessor`` class defaults, not verified
   against the checkpoint's ``preprocessor_config.json`` itself; two third-party copies of its
   ``media_proc_cfg`` in the code index (files 57858465447 and 54589287414, repositories unnamed)
   agree on every value above; special-token ids: not the checkpoint's (``<|media_pad|>`` is 163605);
-- the video placeholder: not verified.
+- the video placeholder: the two template copies.
 """
 
 from __future__ import annotations
@@ -84,7 +96,7 @@ CORPUS = [
     "Let me think about it. First the cat, then the dog.",
 ]
 KIMI_K25_TEMPLATE = """{%- macro render_content(msg) -%}
-    {%- set c = msg['content'] -%}
+    {%- set c = msg.get('content') -%}
     {%- if c is string -%}
         {{- c -}}
     {%- elif c is not none -%}
@@ -92,34 +104,58 @@ KIMI_K25_TEMPLATE = """{%- macro render_content(msg) -%}
             {%- if part['type'] in ['image', 'image_url'] -%}
                 {{- '<|media_begin|>image<|media_content|><|media_pad|><|media_end|>\\n' -}}
             {%- elif part['type'] in ['video', 'video_url'] -%}
-                {{- '<|kimi_k25_video_placeholder|>' -}}
+                {{- '<|kimi_k25_video_placeholder|>\\n' -}}
             {%- else -%}
                 {{- part['text'] -}}
             {%- endif -%}
         {%- endfor -%}
     {%- endif -%}
 {%- endmacro -%}
+{%- macro render_header(message) -%}
+    {%- set name = message.get('name') or message['role'] -%}
+    {%- if message['role'] == 'user' -%}
+        {{- '<|im_user|>' + name + '<|im_middle|>' -}}
+    {%- elif message['role'] == 'assistant' -%}
+        {{- '<|im_assistant|>' + name + '<|im_middle|>' -}}
+    {%- else -%}
+        {{- '<|im_system|>' + name + '<|im_middle|>' -}}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro render_tool_calls(message) -%}
+    {{- '<|tool_calls_section_begin|>' -}}
+    {%- for call in message['tool_calls'] -%}
+        {%- set args = call['function']['arguments'] -%}
+        {{- '<|tool_call_begin|>' + call['id'] + '<|tool_call_argument_begin|>' -}}
+        {{- args if args is string else args | tojson -}}
+        {{- '<|tool_call_end|>' -}}
+    {%- endfor -%}
+    {{- '<|tool_calls_section_end|>' -}}
+{%- endmacro -%}
 {%- set ns = namespace(last_reply=-1) -%}
 {%- for message in messages -%}
     {%- if message['role'] == 'assistant' and not message.get('tool_calls') -%}{%- set ns.last_reply = loop.index0 -%}{%- endif -%}
 {%- endfor -%}
-{%- if messages|length == 0 or messages[0]['role'] != 'system' -%}
-    {{- '<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>' -}}
+{%- if tools -%}
+    {{- '<|im_system|>tool_declare<|im_middle|>' -}}
+    {{- tools_ts_str if tools_ts_str else tools | tojson(separators=(',', ':')) -}}
+    {{- '<|im_end|>' -}}
 {%- endif -%}
 {%- for message in messages -%}
-    {%- if message['role'] == 'system' -%}
-        {{- '<|im_system|>system<|im_middle|>' + render_content(message) + '<|im_end|>' -}}
-    {%- elif message['role'] == 'user' -%}
-        {{- '<|im_user|>user<|im_middle|>' + render_content(message) + '<|im_end|>' -}}
-    {%- elif message['role'] == 'assistant' -%}
-        {{- '<|im_assistant|>assistant<|im_middle|>' -}}
-        {%- if loop.index0 > ns.last_reply and message.get('reasoning_content') -%}
-            {{- '<think>' + message['reasoning_content'] + '</think>' -}}
-        {%- else -%}
+    {{- render_header(message) -}}
+    {%- if message['role'] == 'assistant' -%}
+        {%- if loop.index0 <= ns.last_reply or (thinking is defined and thinking is false) -%}
             {{- '<think></think>' -}}
+        {%- else -%}
+            {{- '<think>' + message.get('reasoning_content', '') + '</think>' -}}
         {%- endif -%}
-        {{- render_content(message) + '<|im_end|>' -}}
+        {{- render_content(message) -}}
+        {%- if message.get('tool_calls') -%}{{- render_tool_calls(message) -}}{%- endif -%}
+    {%- elif message['role'] == 'tool' -%}
+        {{- '## Return of ' + message.get('tool_call_id', '') + '\\n' + render_content(message) -}}
+    {%- else -%}
+        {{- render_content(message) -}}
     {%- endif -%}
+    {{- '<|im_end|>' -}}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
     {{- '<|im_assistant|>assistant<|im_middle|>' -}}

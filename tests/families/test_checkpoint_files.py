@@ -143,30 +143,43 @@ def test_minicpmv4_6_template_and_image_settings_are_the_checkpoints() -> None:
     assert MINICPMV4_6_SETTINGS == checkpoint
 
 
-KIMI_DEFAULT_SYSTEM = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
 KIMI_IMAGE = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>\n"
 
 
-def test_kimi_k25_template_renders_k2_thinking_structure() -> None:
-    """Kimi-K2-Thinking's template (ggml-org/llama.cpp models/templates/moonshotai-Kimi-K2-Thinking.jinja
-    @ 0c3c896e), which K2.5 keeps (thinking-machines-lab/tinker-cookbook tinker_cookbook/renderers/kimi_k25.py
-    @ 0703356c): a default system turn when none opens the conversation; each image followed by a newline;
-    every message up to the last reply without tool calls is history, whose replies carry an empty
-    ``<think></think>``; replies after it keep their reasoning; the generation prompt opens ``<think>``.
-    Before this was checked, the example had no default system turn, no newline after an image and kept
-    the reasoning of every reply after the last user turn (a finished conversation's last reply)."""
+def test_kimi_k25_template_renders_as_the_checkpoints() -> None:
+    """K2.5's chat_template.jinja as two public copies carry it, each with its user's edit undone:
+    radixark/miles miles/utils/chat_template_utils/templates/kimi_k25_fixed.jinja @ 31f1ca96 (a
+    preserve_thinking switch) and baidu-baige/LoongForge loongforge/data/chat_templates/kimi_k2_5_training.jinja
+    @ c6275661 (generation blocks). No default system turn (Kimi-K2-Thinking's template has one); each image
+    and each video followed by a newline; every message up to the last reply without tool calls is
+    history, whose replies carry an empty ``<think></think>``; replies after it keep their reasoning unless
+    ``thinking`` is false; the generation prompt opens ``<think>``. Before this was checked, the example
+    had K2-Thinking's default system turn and no newline after a video."""
     user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}
     reply = {"role": "assistant", "content": "A cat.", "reasoning_content": "look"}
     finished = _render(KIMI_K25_TEMPLATE, [user, reply])
     assert finished == (
-        f"{KIMI_DEFAULT_SYSTEM}<|im_user|>user<|im_middle|>{KIMI_IMAGE}What?<|im_end|>"
+        f"<|im_user|>user<|im_middle|>{KIMI_IMAGE}What?<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|><think></think>A cat.<|im_end|>"
     )
-    tool_call = {"role": "assistant", "content": "", "reasoning_content": "call it", "tool_calls": [{"id": "f:0"}]}
-    kept = _render(KIMI_K25_TEMPLATE, [{"role": "system", "content": "S"}, user, reply, user, tool_call])
-    assert kept.startswith("<|im_system|>system<|im_middle|>S<|im_end|>")  # no default when a system turn opens
-    assert kept.endswith("<|im_assistant|>assistant<|im_middle|><think>call it</think><|im_end|>")
+    video = {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "And?"}]}
+    assert (
+        _render(KIMI_K25_TEMPLATE, [video])
+        == "<|im_user|>user<|im_middle|><|kimi_k25_video_placeholder|>\nAnd?<|im_end|>"
+    )
+    call = {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    tool_call = {"role": "assistant", "content": "", "reasoning_content": "call it", "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "functions.f:0", "content": "42"}
+    kept = _render(KIMI_K25_TEMPLATE, [{"role": "system", "content": "S"}, user, reply, user, tool_call, result])
+    assert kept.startswith("<|im_system|>system<|im_middle|>S<|im_end|><|im_user|>")
+    assert kept.endswith(
+        "<|im_assistant|>assistant<|im_middle|><think>call it</think><|tool_calls_section_begin|>"
+        '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|>'
+        "<|tool_calls_section_end|><|im_end|><|im_system|>tool<|im_middle|>## Return of functions.f:0\n42<|im_end|>"
+    )
     assert kept.count("<think></think>A cat.") == 1
+    off = _render(KIMI_K25_TEMPLATE, [user, reply, user, tool_call], thinking=False)
+    assert "<think>call it</think>" not in off and "<|im_middle|><think></think><|tool_calls_section_begin|>" in off
     prompt = _render(KIMI_K25_TEMPLATE, [user], add_generation_prompt=True)
     assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>")
     assert _render(KIMI_K25_TEMPLATE, [user], add_generation_prompt=True, thinking=False).endswith("<think></think>")
@@ -195,7 +208,7 @@ def test_kimi_k25_masks_train_the_reply_after_the_think_prefill(kimi_tokenizer: 
         {"role": "assistant", "content": "Yes.", "reasoning_content": "check"},
     ]
     rendered = render_with_spans(kimi_tokenizer, KIMI_K25_TEMPLATE, messages)
-    assert rendered.text.startswith(KIMI_DEFAULT_SYSTEM)
+    assert rendered.text.startswith("<|im_user|>user<|im_middle|>")
     assert [rendered.text[a:b] for a, b in rendered.assistant_spans] == [
         "</think>A cat.<|im_end|>",
         "</think>Yes.<|im_end|>",
