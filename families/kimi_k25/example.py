@@ -13,11 +13,13 @@ dataset's sampling at every call. The tiny model's ``pos_emb_time`` (4) covers a
 
 Tokenizer: a small byte-level BPE (the checkpoint's tiktoken split without its Han-class
 intersections) carrying Kimi's special tokens at ids 0.. in the checkpoint's order
-(``[BOS]`` ``[EOS]`` ``<|im_end|>`` ``<|im_user|>`` ``<|im_assistant|>`` ... ``<|media_pad|>``
-``<think>`` ``</think>``; 163584.. upstream). Chat template: K2.5's, written out here (equal in what
-it renders, not in text): ``<|im_system|>system<|im_middle|>`` ... ``<|im_end|>`` for a system turn
-(no default one), ``<|im_user|>user<|im_middle|>``, ``<|im_assistant|>assistant<|im_middle|>`` (a
-message's ``name`` replaces the role there); each image
+(``[BOS]`` ``[EOS]`` ``<|im_end|>`` ``<|im_user|>`` ``<|im_assistant|>`` ``<|im_system|>``, the five
+tool-call markers, ``<|im_middle|>`` ... ``<|media_pad|>`` ``<think>`` ``</think>``; 163584.. upstream,
+the tool-call markers 163595..163599 as several public copies of the K2 token table list them).
+Chat template: K2.5's, written out here (equal in what it renders, not in text):
+``<|im_system|>system<|im_middle|>`` ... ``<|im_end|>`` for a system turn (no default one),
+``<|im_user|>user<|im_middle|>``, ``<|im_assistant|>assistant<|im_middle|>`` (a message's ``name``
+replaces the role there); each image
 ``<|media_begin|>image<|media_content|><|media_pad|><|media_end|>`` and each video
 ``<|kimi_k25_video_placeholder|>``, both followed by a newline; every message up to the last reply
 without tool calls is history, whose replies carry an empty ``<think></think>``; replies after it
@@ -70,6 +72,11 @@ SPECIALS = (
     "<|im_user|>",
     "<|im_assistant|>",
     "<|im_system|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
     "<|im_middle|>",
     "<|media_begin|>",
     "<|media_content|>",

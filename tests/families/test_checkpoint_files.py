@@ -213,3 +213,13 @@ def test_kimi_k25_masks_train_the_reply_after_the_think_prefill(kimi_tokenizer: 
         "</think>A cat.<|im_end|>",
         "</think>Yes.<|im_end|>",
     ]
+
+
+def test_kimi_k25_tool_call_markers_are_single_special_tokens(kimi_tokenizer: Any) -> None:
+    """The markers the template writes around tool calls are K2's special tokens (163595..163599 upstream,
+    after ``<|im_system|>`` and before ``<|im_middle|>``): one token each, never split into text."""
+    markers = ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>"]
+    markers += ["<|tool_call_argument_begin|>", "<|tool_call_end|>"]
+    ids = [kimi_tokenizer(m, add_special_tokens=False)["input_ids"] for m in markers]
+    order = [kimi_tokenizer.convert_tokens_to_ids(t) for t in ["<|im_system|>", *markers, "<|im_middle|>"]]
+    assert all(len(i) == 1 for i in ids) and order == list(range(order[0], order[0] + 7))
