@@ -276,16 +276,52 @@ def _sentinel_span(conv: ConversationRenders, i: int, head: str | None) -> tuple
     if whole.count(SENTINEL) != 1 or ending.count(SENTINEL) != 1:
         raise _span_error(i, "it does not render the reply's text exactly once, as given")
     before, after = whole.split(SENTINEL)
-    if not (full.startswith(before) and full.endswith(after) and len(before) + len(after) <= len(full)):
-        raise _span_error(i, "changing this reply's text changes how it renders the other turns")
-    reply_start, reply_end = len(before), len(full) - len(after)
     header, closing = ending.split(SENTINEL)
+    if not (full.startswith(before) and full.endswith(after) and len(before) + len(after) <= len(full)):
+        moved = _moved_reasoning_span(full, before, after, conv.messages[i])
+        if moved is None:
+            raise _span_error(i, "changing this reply's text changes how it renders the other turns")
+        if not full.startswith(closing, moved[1]):
+            raise _span_error(i, f"the reply ends with {closing!r} when the conversation ends there, but not inside it")
+        return moved[0], moved[1] + len(closing)
+    reply_start, reply_end = len(before), len(full) - len(after)
     if not full.startswith(closing, reply_end):
         raise _span_error(i, f"the reply ends with {closing!r} when the conversation ends there, but not inside it")
     start = reply_start
     if head is not None and header.startswith(head) and full[:reply_start].endswith(header[len(head) :]):
         start -= len(header) - len(head)  # the assistant header after the generation prompt, as the prefix rule
     return start, reply_end + len(closing)
+
+
+def _moved_reasoning_span(full: str, before: str, after: str, message: dict[str, Any]) -> tuple[int, int] | None:
+    """Span of a reply whose inline ``<think>...</think>`` the template moved into a block of its own.
+
+    Qwen3.5's template (MiniCPM-V 4.6's) renders a reply after the last user turn as
+    ``<think>\\n{reasoning}\\n</think>\\n\\n{answer}``, reasoning cut out of the reply's text, so the
+    sentinel copy (no reasoning) renders ``<think>\\n\\n</think>\\n\\n`` + sentinel there. Accepted only
+    where the full text and the sentinel render differ by exactly the reply's reasoning and answer
+    in that wrapper, everything else equal: the span starts at the reasoning (after ``<think>\\n``, where
+    a thinking generation prompt ends) and ends after the answer. None where that does not hold.
+    """
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = [part.get("text") for part in content if isinstance(part, dict)]
+        content = "".join(t for t in texts if isinstance(t, str)) if len(texts) == len(content) else None
+    if not isinstance(content, str) or "</think>" not in content:
+        return None
+    reasoning = content.split("</think>")[0].split("<think>")[-1].strip()
+    answer = content.split("</think>")[-1].strip()
+    if not reasoning:
+        return None
+    p = 0
+    while p < min(len(full), len(before)) and full[p] == before[p]:
+        p += 1
+    q = 0
+    while q < min(len(full) - p, len(after)) and full[-1 - q] == after[-1 - q]:
+        q += 1
+    if full[p : len(full) - q] != reasoning + before[p:] + answer + after[: len(after) - q]:
+        return None
+    return p, len(full) - q
 
 
 def _with_sentinel(message: dict[str, Any]) -> dict[str, Any]:

@@ -39,8 +39,9 @@ class Markers:
     """What the family's template writes around a reply: ``opener`` reply ``closer``.
 
     ``closer`` None: the template closes no turn (GLM); a reply runs to the next ``<|user|>`` or the
-    end. ``prefill``: what the generation prompt writes after the opener (MiniCPM-V 4.6's empty
-    ``<think>\\n\\n</think>\\n\\n`` when thinking is off), skipped where a reply starts with it.
+    end. ``prefill``: what a generation prompt writes after the opener, skipped where a reply starts
+    with one (MiniCPM-V 4.6: the empty ``<think>\\n\\n</think>\\n\\n`` with thinking off, before a
+    reply without reasoning; ``<think>\\n`` with thinking on, before a reply's reasoning).
     ``space_token``: SentencePiece folds the space the template writes after ``</s>`` into the
     next token (LLaVA-NeXT ``▁[INST]``), which the character-overlap rule trains on too.
     """
@@ -48,7 +49,7 @@ class Markers:
     opener: str
     closer: str | None
     space_token: bool = False
-    prefill: str | None = None  # written after the opener by the generation prompt too: prompt, not reply
+    prefill: tuple[str, ...] = ()  # written after the opener by a generation prompt: prompt, not reply
 
 
 CHATML = Markers("<|im_start|>assistant\n", "<|im_end|>\n")
@@ -59,7 +60,7 @@ MARKERS = {
     "qwen2_5_vl": CHATML,
     "qwen3_vl": CHATML,
     "qwen3_5": CHATML,
-    "minicpmv4_6": Markers("<|im_start|>assistant\n", "<|im_end|>\n", prefill="<think>\n\n</think>\n\n"),
+    "minicpmv4_6": Markers("<|im_start|>assistant\n", "<|im_end|>\n", prefill=("<think>\n\n</think>\n\n", "<think>\n")),
     "qwen2_5_omni": CHATML,
     "qwen3_omni_moe": CHATML,
     "internvl": CHATML,
@@ -116,14 +117,9 @@ def _shapes(media: cases.MediaFiles) -> dict[str, Turns]:
 
 
 # Conversations the real processor renders but prep refuses (a template_error row naming why), with the
-# reason. MiniCPM-V 4.6's template (Qwen3.5's) rewrites the reply after the last user turn: it moves
-# inline reasoning into its own "<think>\n...\n</think>\n\n" block, so swapping the reply's text for
-# the sentinel changes the rest; and it raises on a conversation without a user turn, which is what the
-# sentinel render of an opening reply is.
-REFUSED = {
-    ("minicpmv4_6", "reasoning_multi_turn"): "changing this reply's text changes how it renders the other turns",
-    ("minicpmv4_6", "reply_before_user"): "No user query found in messages.",
-}
+# reason. MiniCPM-V 4.6's template (Qwen3.5's) raises on a conversation without a user turn, which is
+# what locating a reply that opens the conversation renders.
+REFUSED = {("minicpmv4_6", "reply_before_user"): "No user query found in messages."}
 FAMILIES = example_families()
 SHAPES = [
     "system_one_reply",
@@ -172,11 +168,10 @@ def _reply_mask(bundle: ProcessorBundle, ids: list[int], markers: Markers) -> tu
     mask = np.zeros(len(ids), dtype=np.uint8)
     texts = []
     pos = _find(ids, opener)
-    prefill = tok(markers.prefill, add_special_tokens=False)["input_ids"] if markers.prefill else []
+    prefills = [tok(text, add_special_tokens=False)["input_ids"] for text in markers.prefill]
     while pos != -1:
         start = pos + len(opener)
-        if prefill and ids[start : start + len(prefill)] == prefill:
-            start += len(prefill)
+        start += next((len(pre) for pre in prefills if ids[start : start + len(pre)] == pre), 0)
         if markers.closer is None:
             stop = _find(ids, tok("<|user|>", add_special_tokens=False)["input_ids"], start)
             end = len(ids) if stop == -1 else stop
@@ -304,3 +299,32 @@ def test_a_template_that_is_not_prefix_stable_is_a_template_error_naming_why(fam
     with pytest.raises(SampleError, match="cannot derive an assistant mask") as err:
         _spans(family_bundles["qwen2_vl"], template)
     assert err.value.reason == Reason.TEMPLATE_ERROR and why in str(err.value)
+
+
+# Qwen3.5-like: the last reply's inline reasoning goes into a block of its own, earlier replies lose it.
+MOVES_REASONING = (
+    "{% if count %}<n={{ messages[-1].content | length }}>{% endif %}{% for m in messages %}<{{ m.role }}>"
+    "{% set r = m.content.split('</think>')[0].split('<think>')[-1] if '</think>' in m.content else '' %}"
+    "{% set a = m.content.split('</think>')[-1] %}"
+    "{% if m.role == 'assistant' and loop.last %}<think>{{ r | trim }}</think>{{ a | trim }}"
+    "{% elif m.role == 'assistant' %}{{ a | trim }}{% else %}{{ m.content }}{% endif %}<end>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant><think></think>{% endif %}"
+)
+REASONED = [*TURNS[:3], {"role": "assistant", "content": "<think> Hm. </think> Fine."}]
+
+
+def test_a_reply_whose_reasoning_the_template_moves_trains_on_reasoning_and_answer(family_bundles):
+    """MiniCPM-V 4.6 (Qwen3.5) renders the last reply as "<think>\\n{reasoning}\\n</think>\\n\\n{answer}":
+    the span starts at the reasoning, where a thinking generation prompt ends."""
+    rendered = render_with_spans(family_bundles["qwen2_vl"].tokenizer, MOVES_REASONING, REASONED)
+    assert [rendered.text[a:b] for a, b in rendered.assistant_spans] == ["Hello.<end>", "Hm.</think>Fine.<end>"]
+
+
+def test_a_moved_reasoning_that_also_changes_another_turn_is_a_template_error(family_bundles):
+    """The same template writing the last reply's length at the start: swapping the reply changes more than
+    the reply, so its span is not guessed."""
+    bundle = family_bundles["qwen2_vl"]
+    template = "{% set count = true %}" + MOVES_REASONING
+    with pytest.raises(SampleError, match="changes how it renders the other turns") as err:
+        render_with_spans(bundle.tokenizer, template, REASONED)
+    assert err.value.reason == Reason.TEMPLATE_ERROR
