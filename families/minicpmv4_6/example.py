@@ -39,9 +39,11 @@ Provenance:
   processor test (huggingface/transformers ``tests/models/minicpmv4_6/test_processing_minicpmv4_6.py``
   @ 05ac5107) names the same ``scale_resolution`` 448 and ``max_slice_nums`` 9.
 
-``prep tokenize`` renders without template kwargs, so ``enable_thinking`` is false: counts equal the
-real processor's default call, and a reply's mask starts after the empty ``<think>`` block the
-generation prompt also writes. The hub id the docs load is ``openbmb/MiniCPM-V-4_6``.
+``prep tokenize`` renders without template kwargs (``enable_thinking`` false; a finished conversation
+renders the same either way, so counts equal the real processor's): a reply's mask starts after the
+empty ``<think>`` block the generation prompt also writes, or, for a reply with inline reasoning, at
+its reasoning (after ``<think>\\n``, where the thinking generation prompt ends).
+The hub id the docs load is ``openbmb/MiniCPM-V-4_6``.
 """
 
 from __future__ import annotations

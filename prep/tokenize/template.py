@@ -13,6 +13,9 @@ the reply as rendered inside the conversation) and the conversation ending at th
 reply (what follows the sentinel is the turn's end-of-turn marker, trained on like the reply).
 A reply that opens the conversation has no generation prompt to end at: it is located the same
 way and starts at its text (not at character 0, which would train on a default system prompt).
+Qwen3.5's template (MiniCPM-V 4.6's) moves a last reply's inline ``<think>...</think>`` into a
+block of its own, so the sentinel copy renders differently around it: such a reply is located
+where the two renders differ by exactly its reasoning and answer, and starts at the reasoning.
 Only a template that still renders the rest differently is an error, naming why; never a guess.
 Tokens overlapping a span get mask 1, the same overlap rule transformers uses for
 ``return_assistant_tokens_mask``. Assistant turns that call tools are trained on; ``tool``
