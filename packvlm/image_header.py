@@ -149,6 +149,16 @@ def read_image_header(fh: IO[bytes], max_pixels: int = DECODE_LIMIT_PIXELS) -> I
             format="JPEG",
             orientation=jpeg.orientation,
         )
+    if isinstance(fh, io.RawIOBase):  # an unbuffered file (read once above): PIL reads a few bytes at a time
+        buffered = io.BufferedReader(fh)
+        try:
+            return _read_with_pil(buffered, max_pixels)
+        finally:
+            buffered.detach()  # the caller's file stays open
+    return _read_with_pil(fh, max_pixels)
+
+
+def _read_with_pil(fh: IO[bytes], max_pixels: int) -> ImageHeaderInfo:
     with open_image_checked(fh, max_pixels) as img:
         width, height = img.size
         fmt = img.format

@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
-from typing import IO
+from typing import IO, NamedTuple
 
 from PIL import Image, JpegImagePlugin, TiffImagePlugin
 
@@ -61,8 +60,7 @@ class _Unsure(Exception):
     """The file leaves this parser's vouched-for subset: PIL decides."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class JpegHeader:
+class JpegHeader(NamedTuple):
     """What PIL would report for the file: the SOF's size and the EXIF (or XMP) orientation."""
 
     stored_width: int
@@ -73,74 +71,70 @@ class JpegHeader:
 def read_jpeg_header(fh: IO[bytes]) -> JpegHeader | None:
     """The JPEG's stored size and orientation as PIL reads them, or ``None`` to ask PIL."""
     fh.seek(0)
-    segments = _Segments(fh)
-    if not segments.buf.startswith(JPEG_PREFIX) or not _jpeg_plugin_opens_first(segments.buf[:16]):
+    buf = fh.read(_FIRST_READ_BYTES)
+    if not buf.startswith(JPEG_PREFIX) or not _jpeg_plugin_opens_first(buf[:16]):
         return None
     try:
-        width, height, exif, xmp = _walk_segments(segments)
+        width, height, exif, xmp = _walk_segments(fh, buf)
         orientation = _exif_orientation(exif) if exif is not None else None
     except (_Unsure, struct.error, IndexError):
         return None
     if orientation is None:
         found = _XMP_ORIENTATION.search(xmp) if xmp else None
         orientation = int(found[2]) if found else 1
-    return JpegHeader(stored_width=width, stored_height=height, orientation=orientation)
+    return JpegHeader(width, height, orientation)
 
 
-class _Segments:
-    """The file's leading bytes, read on demand."""
-
-    def __init__(self, fh: IO[bytes]) -> None:
-        self.fh = fh
-        self.buf = fh.read(_FIRST_READ_BYTES)
-
-    def ensure(self, end: int) -> None:
-        """Bytes up to ``end`` are in ``buf``; a shorter file is truncated there (PIL raises)."""
-        while end > len(self.buf):
-            more = self.fh.read(max(end - len(self.buf), len(self.buf)))
-            if not more:
-                raise _Unsure
-            self.buf += more
+def _read_to(fh: IO[bytes], buf: bytes, end: int) -> bytes:
+    """``buf`` (the file's first bytes) extended to ``end`` bytes; a shorter file is cut there (PIL raises)."""
+    while end > len(buf):
+        more = fh.read(max(end - len(buf), len(buf)))
+        if not more:
+            raise _Unsure
+        buf += more
+    return buf
 
 
-def _walk_segments(segments: _Segments) -> tuple[int, int, bytes | None, bytes | None]:
+def _walk_segments(fh: IO[bytes], buf: bytes) -> tuple[int, int, bytes | None, bytes | None]:
     """Width, height, the EXIF segment and the XMP packet, checked as ``JpegImageFile._open`` does."""
     size: tuple[int, int] | None = None
     exif: bytes | None = None
     xmp: bytes | None = None
     pos = 2
     while True:
-        segments.ensure(pos + 4)
-        buf = segments.buf
+        if pos + 4 > len(buf):
+            buf = _read_to(fh, buf, pos + 4)
         if buf[pos] != 0xFF:
             raise _Unsure  # junk between segments: PIL skips it
         marker = buf[pos + 1]
-        end = pos + 2 + ((buf[pos + 2] << 8) | buf[pos + 3])
-        if end < pos + 4:
+        start, end = pos + 4, pos + 2 + ((buf[pos + 2] << 8) | buf[pos + 3])
+        if end < start:
             raise _Unsure  # a length under 2
-        segments.ensure(end)
-        body = segments.buf[pos + 4 : end]
+        if end > len(buf):
+            buf = _read_to(fh, buf, end)
         pos = end
+        if marker in _SKIPPED or marker == _COM:
+            continue
         if 0xE0 <= marker <= 0xEF:
-            if marker == 0xE1 and body.startswith(_EXIF_PREFIX):
+            if marker == 0xE1 and buf.startswith(_EXIF_PREFIX, start):
                 if exif is not None:
                     raise _Unsure  # PIL joins them
-                exif = body
-            elif marker == 0xE1 and body.startswith(_XMP_PREFIX):
-                xmp = body[len(_XMP_PREFIX) :]
+                exif = buf[start:end]
+            elif marker == 0xE1 and buf.startswith(_XMP_PREFIX, start):
+                xmp = buf[start + len(_XMP_PREFIX) : end]
             else:
-                _check_app(marker, body)
+                _check_app(marker, buf[start:end])
+        elif marker == _DQT:
+            _check_dqt(buf, start, end)
         elif marker in _SOF:
             if size is not None:
                 raise _Unsure
-            size = _sof_size(body)
-        elif marker == _DQT:
-            _check_dqt(body)
+            size = _sof_size(buf[start:end])
         elif marker == _SOS:
             if size is None:
                 raise _Unsure  # no mode: PIL refuses
             return size[0], size[1], exif, xmp
-        elif marker not in _SKIPPED and marker != _COM:
+        else:
             raise _Unsure
 
 
@@ -165,11 +159,11 @@ def _sof_size(body: bytes) -> tuple[int, int]:
     return width, height
 
 
-def _check_dqt(body: bytes) -> None:
-    pos = 0
-    while pos < len(body):
-        pos += 65 if body[pos] < 16 else 129  # 8- or 16-bit table, after its id byte
-    if pos != len(body):
+def _check_dqt(buf: bytes, start: int, end: int) -> None:
+    pos = start
+    while pos < end:
+        pos += 65 if buf[pos] < 16 else 129  # 8- or 16-bit table, after its id byte
+    if pos != end:
         raise _Unsure  # PIL: "bad quantization table marker"
 
 

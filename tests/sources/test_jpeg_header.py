@@ -18,6 +18,7 @@ import io
 import struct
 from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -31,7 +32,10 @@ from transformers.image_utils import load_image
 from packvlm import image_header
 from packvlm.image_header import ImageTooLarge, read_image_header
 from packvlm.jpeg_header import read_jpeg_header
-from prep.sources.media import MediaError, _read_header
+from prep.sources.media import LmdbPool, MediaError, _read_header
+from prep.sources.media import image_header as file_header
+from schemas.media_ref import MediaRef
+from tests.sources.test_image_header import CASES as OTHER_FORMATS
 
 SOS = b"\xff\xda"
 ICC = b"\0\0\0\x90ADBE\x02\x10\0\0mntrRGB XYZ " + bytes(112)  # any bytes: PIL only splits and joins chunks
@@ -448,3 +452,19 @@ def test_files_outside_the_vouched_subset_go_to_pil() -> None:
     for handed_back in (mpf, junk, data[:-2][: _scan_start(data)], b"\x89PNG\r\n\x1a\n"):
         assert read_jpeg_header(io.BytesIO(handed_back)) is None
         _assert_same_both_ways(handed_back)
+
+
+def test_a_file_read_unbuffered_gives_what_its_bytes_give_the_pil_path(tmp_path: Path) -> None:
+    """prep opens files unbuffered (one read for a JPEG header) and hands PIL a buffered view of
+    them: every format, served or handed back, reads as its bytes did through the PIL path."""
+    files = {f"{case} {o}": OTHER_FORMATS[case](o) for case in OTHER_FORMATS for o in (1, 6)}
+    files |= {case: build() for case, (build, _) in CRAFTED.items()}
+    files |= {"cut": _rich_jpeg()[:300], "bomb": _sof_changed(lambda b: b[:1] + b"\xff\xff\xff\xff" + b[5:])}
+    for name, data in files.items():
+        path = tmp_path / "image"
+        path.write_bytes(data)
+        try:
+            got: Any = file_header(MediaRef(path=str(path)), LmdbPool())
+        except MediaError as exc:
+            got = (exc.reason, str(exc).replace(str(path), "img.jpg"))
+        assert got == _prep_outcome(data, image_header.DECODE_LIMIT_PIXELS, pil=True), name
