@@ -154,7 +154,8 @@ def read_image_header(fh: IO[bytes], max_pixels: int = DECODE_LIMIT_PIXELS) -> I
         try:
             return _read_with_pil(buffered, max_pixels)
         finally:
-            buffered.detach()  # the caller's file stays open
+            if not buffered.closed:  # PIL closes it (and so the file) refusing past an odd limit, as before
+                buffered.detach()  # the caller's file stays open
     return _read_with_pil(fh, max_pixels)
 
 

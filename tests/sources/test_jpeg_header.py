@@ -15,6 +15,7 @@ handed back to PIL fails here.
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -460,11 +461,13 @@ def test_a_file_read_unbuffered_gives_what_its_bytes_give_the_pil_path(tmp_path:
     files = {f"{case} {o}": OTHER_FORMATS[case](o) for case in OTHER_FORMATS for o in (1, 6)}
     files |= {case: build() for case, (build, _) in CRAFTED.items()}
     files |= {"cut": _rich_jpeg()[:300], "bomb": _sof_changed(lambda b: b[:1] + b"\xff\xff\xff\xff" + b[5:])}
-    for name, data in files.items():
+    for (name, data), limit in itertools.product(
+        files.items(), [image_header.DECODE_LIMIT_PIXELS, 30 * 20 - 1, 24 * 16 - 1]
+    ):
         path = tmp_path / "image"
         path.write_bytes(data)
         try:
-            got: Any = file_header(MediaRef(path=str(path)), LmdbPool())
+            got: Any = file_header(MediaRef(path=str(path)), LmdbPool(), limit)
         except MediaError as exc:
             got = (exc.reason, str(exc).replace(str(path), "img.jpg"))
-        assert got == _prep_outcome(data, image_header.DECODE_LIMIT_PIXELS, pil=True), name
+        assert got == _prep_outcome(data, limit, pil=True), (name, limit)
