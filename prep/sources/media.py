@@ -181,8 +181,8 @@ def _check_trailer(fh: IO[bytes], fmt: str | None, num_bytes: int, uri: str) -> 
     marker = {"JPEG": JPEG_END, "PNG": PNG_END}.get(fmt or "")
     if marker is None:
         return
-    fh.seek(max(0, num_bytes - 64))
-    if marker not in fh.read():
+    start = fh.seek(max(0, num_bytes - 64))
+    if marker not in fh.read(num_bytes - start):  # one read even unbuffered (``read()`` makes three)
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: truncated {fmt} (no end marker)")
 
 
