@@ -34,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 import re
 import struct
 from typing import IO, NamedTuple
@@ -70,7 +71,10 @@ class JpegHeader(NamedTuple):
 
 def read_jpeg_header(fh: IO[bytes]) -> JpegHeader | None:
     """The JPEG's stored size and orientation as PIL reads them, or ``None`` to ask PIL."""
-    fh.seek(0)
+    try:
+        fh.seek(0)
+    except (AttributeError, io.UnsupportedOperation):
+        return None  # PIL reads such a stream whole first
     buf = fh.read(_FIRST_READ_BYTES)
     if not buf.startswith(JPEG_PREFIX) or not _jpeg_plugin_opens_first(buf[:16]):
         return None

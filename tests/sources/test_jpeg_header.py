@@ -471,3 +471,22 @@ def test_a_file_read_unbuffered_gives_what_its_bytes_give_the_pil_path(tmp_path:
         except MediaError as exc:
             got = (exc.reason, str(exc).replace(str(path), "img.jpg"))
         assert got == _prep_outcome(data, limit, pil=True), (name, limit)
+
+
+class _Pipe(io.RawIOBase):
+    """A stream that cannot seek, like a pipe."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._data.readinto(buffer)
+
+
+def test_a_stream_that_cannot_seek_goes_to_pil() -> None:
+    data = _pil_jpeg(24, 16, "RGB", 0)
+    assert read_jpeg_header(_Pipe(data)) is None
+    assert read_image_header(_Pipe(data)) == read_image_header(io.BytesIO(data))
