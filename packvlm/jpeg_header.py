@@ -11,8 +11,8 @@ Pillow's ``JpegImagePlugin`` and ``Image.getexif`` apply them:
   starting right where the last one ended (no fill bytes, junk or standalone markers), up to a
   complete SOS. A DQT must hold whole tables, a SOF 8-bit samples, 1, 3 or 4 components and
   whole component records, a JFIF or Adobe segment its fixed fields and an ICC profile chunk its
-  sequence numbers (PIL raises on each otherwise). Photoshop (APP13) and MPF (APP2: PIL may
-  reopen the file as MPO) segments are left to PIL.
+  sequence numbers, a Photoshop (APP13) resource list no field of which PIL reads past the
+  segment unguarded (PIL raises on each otherwise). MPF segments (APP2: PIL may reopen the file as MPO) are left to PIL.
 - Size: the SOF's, both sides at least 1 (PIL refuses 0). PIL's bomb check runs only after this
   same parse, so the caller (`packvlm.image_header`) compares it with the pixel limit afterwards
   and still refuses exactly the files the PIL path refuses, with the same numbers.
@@ -49,6 +49,7 @@ _SOS, _DQT, _COM = 0xDA, 0xDB, 0xFE
 _PIL_COMPONENTS = frozenset({1, 3, 4})  # L, RGB, CMYK; PIL refuses other counts
 _EXIF_PREFIX = b"Exif\0\0"
 _XMP_PREFIX = b"http://ns.adobe.com/xap/1.0/\x00"
+_PHOTOSHOP_PREFIX = b"Photoshop 3.0\x00"
 _XMP_ORIENTATION = re.compile(rb'tiff:Orientation(="|>)([0-9])')  # Image.getexif's pattern
 _TIFF_ENDIAN = {b"II*\0": "<", b"MM\0*": ">"}
 _TIFF_UNIT_BYTES = {typ: unit for typ, (unit, _) in TiffImagePlugin.ImageFileDirectory_v2._load_dispatch.items()}
@@ -148,10 +149,33 @@ def _check_app(marker: int, body: bytes) -> None:
         raise _Unsure  # its version field is read unguarded
     if marker == 0xE2 and (body.startswith(b"MPF\0") or (body.startswith(b"ICC_PROFILE\0") and len(body) < 14)):
         raise _Unsure
-    if marker == 0xED and body.startswith(b"Photoshop 3.0\x00"):
-        raise _Unsure
+    if marker == 0xED and body.startswith(_PHOTOSHOP_PREFIX):
+        _check_photoshop(body)
     if marker == 0xEE and body.startswith(b"Adobe") and len(body) < 7:
         raise _Unsure
+
+
+def _check_photoshop(body: bytes) -> None:
+    """Walk the ``8BIM`` resources as PIL does: it stops quietly where a field is cut (its
+    `struct.error`), but a resource cut right after its code makes it raise (`IndexError`)."""
+    offset = len(_PHOTOSHOP_PREFIX)
+    while body[offset : offset + 4] == b"8BIM":
+        offset += 4
+        if offset + 2 > len(body):
+            return
+        code = (body[offset] << 8) | body[offset + 1]
+        offset += 2
+        if offset >= len(body):
+            raise _Unsure
+        offset += 1 + body[offset]  # the resource name
+        offset += offset & 1
+        if offset + 4 > len(body):
+            return
+        size = struct.unpack_from(">I", body, offset)[0]
+        if code == 0x03ED and len(body[offset + 4 : offset + 4 + size]) < 14:
+            return  # ResolutionInfo cut: PIL stops there
+        offset += 4 + size
+        offset += offset & 1
 
 
 def _sof_size(body: bytes) -> tuple[int, int]:

@@ -320,13 +320,30 @@ def test_a_bomb_is_refused_with_the_pil_paths_numbers(side: int) -> None:
             read_image_header(io.BytesIO(bomb), max_pixels=limit)
 
 
+def _photoshop_resource(code: int, name: bytes, data: bytes) -> bytes:
+    """An ``8BIM`` resource: code, Pascal name padded to even, size, data padded to even."""
+    pascal = bytes([len(name)]) + name
+    pascal += b"\0" * (len(pascal) & 1)
+    return b"8BIM" + struct.pack(">H", code) + pascal + struct.pack(">I", len(data)) + data + b"\0" * (len(data) & 1)
+
+
+#: what Photoshop writes: ResolutionInfo (72 dpi) and an IPTC record
+PHOTOSHOP = _segment(
+    0xED,
+    b"Photoshop 3.0\0"
+    + _photoshop_resource(0x03ED, b"", struct.pack(">IHHIHH", 72 << 16, 1, 1, 72 << 16, 1, 1))
+    + _photoshop_resource(0x0404, b"iptc", b"\x1c\x02\x00\x00\x02\x00\x04x"),
+)
+
+
 def _rich_jpeg() -> bytes:
     """Every kind of segment the fast path reads: APP0 JFIF, EXIF (big-endian, DPI, thumbnail), XMP,
     ICC profile, Adobe, COM, DQT, SOF, DHT, DRI, SOS."""
     data = _pil_jpeg(24, 16, "RGB", 0, icc_profile=ICC, comment=b"hi", restart_marker_blocks=2)
     payload = _exif_segment_payload(">", 6, with_dpi=True, thumbnail=b"\xff\xd8\xff\xd9")
     xmp = b"http://ns.adobe.com/xap/1.0/\0" + _xmp_packet(3, "attribute")
-    return data[:2] + _segment(0xE1, payload) + _segment(0xE1, xmp) + _segment(0xEE, b"Adobe\0d\0\0\0\0\x01") + data[2:]
+    segments = [_segment(0xE1, payload), _segment(0xE1, xmp), _segment(0xEE, b"Adobe\0d\0\0\0\0\x01"), PHOTOSHOP]
+    return data[:2] + b"".join(segments) + data[2:]
 
 
 BASES = {"plain": lambda: _pil_jpeg(16, 16, "RGB", 0), "rich": _rich_jpeg}
@@ -383,9 +400,24 @@ CRAFTED: dict[str, tuple[Callable[[], bytes], bool]] = {
     "JFIF cut short": (lambda: _with_segments(_segment(0xE0, b"JFIF\0\1")), False),
     "Adobe cut short": (lambda: _with_segments(_segment(0xEE, b"Adobe\0")), False),
     "ICC chunk without its count": (lambda: _with_segments(_segment(0xE2, b"ICC_PROFILE\0\1")), False),
-    "Photoshop resources": (
-        lambda: _with_segments(_segment(0xED, b"Photoshop 3.0\x008BIM\x04\x04\0\0\0\0\0\0")),
+    "Photoshop resources": (lambda: _with_segments(PHOTOSHOP), True),
+    "Photoshop resource cut after its code": (
+        lambda: _with_segments(_segment(0xED, b"Photoshop 3.0\x008BIM\x04\x04")),
         False,
+    ),
+    "Photoshop resource cut in its size": (
+        lambda: _with_segments(_segment(0xED, b"Photoshop 3.0\x008BIM\x04\x04\0\0\0")),
+        True,
+    ),
+    "Photoshop ResolutionInfo cut: PIL stops there": (
+        lambda: _with_segments(
+            _segment(0xED, b"Photoshop 3.0\x00" + _photoshop_resource(0x03ED, b"", b"\0" * 4) + b"8BIM\x04\x04")
+        ),
+        True,
+    ),
+    "Photoshop ResolutionInfo cut": (
+        lambda: _with_segments(_segment(0xED, b"Photoshop 3.0\x008BIM\x03\xed\0\0\0\0\0\x04\0\0\0\0")),
+        True,
     ),
     "MPF": (lambda: _with_segments(_segment(0xE2, b"MPF\0II*\0\x08\0\0\0\0\0\0\0\0\0")), False),
     "fill bytes before a marker": (lambda: _with_segments(b"\xff\xff"), False),
