@@ -16,6 +16,11 @@ neither of them more than its file. Three rules keep pixels undecoded:
   JPEG (APP1), WebP (demuxer), TIFF (IFD) and GIF give EXIF from their headers. A TIFF's
   stored size is read from its IFD: recent Pillow reports it already oriented, older did not.
 
+Most images are plain JPEGs: `packvlm.jpeg_header` reads those (size, EXIF and XMP orientation)
+without PIL, several times faster, and hands anything it cannot vouch PIL reads the same way
+back to the PIL path here. Its size meets the same limit rule (`_check_pixels`), so results and
+errors are the same either way.
+
 Example::
 
     with open("photo.png", "rb") as fh:
@@ -36,6 +41,8 @@ from dataclasses import dataclass
 from typing import IO
 
 from PIL import Image, TiffImagePlugin
+
+from packvlm.jpeg_header import read_jpeg_header
 
 #: where PIL's decoder refuses (`Image.DecompressionBombError`), so what training can decode at all
 DECODE_LIMIT_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0)
@@ -116,6 +123,16 @@ def open_image_checked(fh: IO[bytes], max_pixels: int) -> Image.Image:
     return img
 
 
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    """`open_image_checked`'s two refusals for a size read without PIL (both sides at least 1):
+    PIL's bomb check under `pil_pixel_limit` (no size in the message), then the odd-limit one."""
+    pixels = width * height
+    if pixels > 2 * ((max_pixels + 1) // 2):
+        raise ImageTooLarge(pixels, None, max_pixels)
+    if pixels > max_pixels:
+        raise ImageTooLarge(pixels, (width, height), max_pixels)
+
+
 def read_image_header(fh: IO[bytes], max_pixels: int = DECODE_LIMIT_PIXELS) -> ImageHeaderInfo:
     """Size, format and orientation of the image in ``fh`` without decoding its pixels.
 
@@ -123,6 +140,26 @@ def read_image_header(fh: IO[bytes], max_pixels: int = DECODE_LIMIT_PIXELS) -> I
         ImageTooLarge: The header claims more than ``max_pixels``.
         PIL.UnidentifiedImageError, OSError, SyntaxError, ValueError: Not a readable image.
     """
+    jpeg = read_jpeg_header(fh)
+    if jpeg is not None:
+        _check_pixels(jpeg.stored_width, jpeg.stored_height, max_pixels)
+        return ImageHeaderInfo(
+            stored_width=jpeg.stored_width,
+            stored_height=jpeg.stored_height,
+            format="JPEG",
+            orientation=jpeg.orientation,
+        )
+    if isinstance(fh, io.RawIOBase):  # an unbuffered file (read once above): PIL reads a few bytes at a time
+        buffered = io.BufferedReader(fh)
+        try:
+            return _read_with_pil(buffered, max_pixels)
+        finally:
+            if not buffered.closed:  # PIL closes it (and so the file) refusing past an odd limit, as before
+                buffered.detach()  # the caller's file stays open
+    return _read_with_pil(fh, max_pixels)
+
+
+def _read_with_pil(fh: IO[bytes], max_pixels: int) -> ImageHeaderInfo:
     with open_image_checked(fh, max_pixels) as img:
         width, height = img.size
         fmt = img.format

@@ -135,15 +135,15 @@ def image_header(ref: MediaRef, pool: LmdbPool, max_pixels: int = DECODE_LIMIT_P
         return _read_header(io.BytesIO(pool.get(ref)), ref.format(), max_pixels)
     if ref.is_table_cell:
         return _read_header(io.BytesIO(_cell(ref)), ref.format(), max_pixels)
-    with open_media_file(ref.path) as fh:
+    with open_media_file(ref.path, buffering=0) as fh:  # unbuffered: a JPEG header is one read
         return _read_header(fh, ref.format(), max_pixels)
 
 
 @contextmanager
-def open_media_file(path: str) -> Iterator[IO[bytes]]:
+def open_media_file(path: str, buffering: int = -1) -> Iterator[IO[bytes]]:
     """``path`` opened for reading; why it cannot be (missing, a directory, a loop, no permission) as `MediaError`."""
     try:
-        fh = open(path, "rb")
+        fh = open(path, "rb", buffering=buffering)
     except FileNotFoundError as exc:
         raise MediaError(Reason.MISSING_MEDIA, f"file {path!r} does not exist") from exc
     except IsADirectoryError as exc:
@@ -181,8 +181,8 @@ def _check_trailer(fh: IO[bytes], fmt: str | None, num_bytes: int, uri: str) -> 
     marker = {"JPEG": JPEG_END, "PNG": PNG_END}.get(fmt or "")
     if marker is None:
         return
-    fh.seek(max(0, num_bytes - 64))
-    if marker not in fh.read():
+    start = fh.seek(max(0, num_bytes - 64))
+    if marker not in fh.read(num_bytes - start):  # one read even unbuffered (``read()`` makes three)
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: truncated {fmt} (no end marker)")
 
 
