@@ -122,14 +122,24 @@ def video_path_of(processor_dir: Path) -> str | None:
     factory = find_counter(bundle.processor_class)
     counter = factory(bundle) if factory else None
     if counter is None or not getattr(counter, "counts_video", True):
-        return "processor"
+        return "processor" if _has_video_slot(bundle.processor_class) else None
     try:
         counter.count_video(VideoMeta(num_frames=60, fps=30.0, width=320, height=240), VideoSampling())
     except SampleError:  # the family takes images only
         return None
     except MediaRejected:
-        return "processor"
+        return "processor" if _has_video_slot(bundle.processor_class) else None
     return "closed form"
+
+
+def _has_video_slot(processor_class: str) -> bool:
+    """The processor class takes a video processor (Idefics3Processor, sharing SmolVLM's counter, does not)."""
+    import transformers
+
+    try:
+        return "video_processor" in getattr(transformers, processor_class).get_attributes()
+    except (AttributeError, ImportError):  # torchvision-gated class without torchvision: assume it may
+        return True
 
 
 def reference_classes(processor_dir: Path) -> tuple[str, str]:
