@@ -180,7 +180,7 @@ def splice_media(
     """
     queues = {token: [c for _, c in counts if c.kind == kind] for kind, token in placeholders.items()}
     kind_of = {token: kind for kind, token in placeholders.items()}
-    positions = [i for i, t in enumerate(ids) if t in queues]
+    positions = sorted(i for token in queues for i in _indices(ids, token))
     found = {t: sum(1 for i in positions if ids[i] == t) for t in queues}
     for token, items in queues.items():
         if found[token] != len(items):
@@ -206,3 +206,14 @@ def splice_media(
     out_ids.extend(ids[prev:])
     pieces.append(mask[prev:])
     return out_ids, np.concatenate(pieces) if pieces else mask
+
+
+def _indices(ids: list[int], token: int) -> list[int]:
+    """Where ``token`` occurs in ``ids``: ``list.index`` scans in C (a video sample holds thousands of
+    ids and a handful of placeholders; a Python loop over every id cost ~0.1 ms a sample)."""
+    found: list[int] = []
+    try:
+        while True:
+            found.append(ids.index(token, found[-1] + 1 if found else 0))
+    except ValueError:
+        return found

@@ -18,13 +18,13 @@ offsets ``(s + 6 j, s + 6 j + 6)``.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 Run = tuple[int, int, str, int]  # start, end in the expansion text, the token, copies
+MEMO_TEXTS = 256  # expansion texts whose runs a worker keeps (a Kimi K2.5 video's text: ~45 KB)
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -41,7 +41,9 @@ class RunEncoder:
         added = backend.get_added_tokens_decoder() if backend is not None else {}
         self.added = {token.content: (token_id, token) for token_id, token in added.items()}
         self.eligible: dict[str, bool] = {}
-        self.runs: dict[str, tuple[Run, ...]] = {}
+        self.runs: dict[str, tuple[Run, ...]] = {}  # the last MEMO_TEXTS expansion texts
+        self.hot: list[str] = []  # compressible tokens seen in runs, looked for first
+        self.repeats: dict[tuple[str, int], str] = {}
 
     def compressible(self, content: str) -> bool:
         """``content`` is an added token whose runs tokenize as one copy (see the module docstring)."""
@@ -63,16 +65,55 @@ class RunEncoder:
 
     def runs_in(self, expansion: str) -> tuple[Run, ...]:
         """Runs of two or more copies of a compressible token in one expansion text (memoised by the text)."""
-        if expansion not in self.runs:
-            found: list[Run] = []
-            for x in self.added:
-                if x + x in expansion and self.compressible(x):
-                    found.extend(
-                        (m.start(), m.end(), x, (m.end() - m.start()) // len(x))
-                        for m in re.finditer(f"(?:{re.escape(x)}){{2,}}", expansion)
-                    )
-            self.runs[expansion] = tuple(sorted(found))
+        if expansion in self.runs:
+            return self.runs[expansion]
+        found: list[Run] = []
+        for x in self.hot:
+            found.extend(self._runs_of(expansion, x, 0, len(expansion)))
+        found.sort()
+        # any other token's runs lie between those: one that crossed a run of x would overlap x
+        gaps = [(a, b) for a, b in zip([0, *(r[1] for r in found)], [*(r[0] for r in found), len(expansion)]) if b > a]
+        rest = "\0".join(expansion[a:b] for a, b in gaps)  # a match across a \0 only costs the exact look below
+        for x in self.added:
+            if x not in self.hot and x + x in rest and self.compressible(x):
+                runs = [run for a, b in gaps for run in self._runs_of(expansion, x, a, b)]
+                if runs:
+                    self.hot.append(x)
+                    found.extend(runs)
+        if len(self.runs) >= MEMO_TEXTS:  # a video's expansion text differs with its length: keep the newest
+            del self.runs[next(iter(self.runs))]
+        self.runs[expansion] = tuple(sorted(found))
         return self.runs[expansion]
+
+    def _runs_of(self, text: str, x: str, lo: int, hi: int) -> list[Run]:
+        """Maximal runs of two or more copies of ``x`` inside ``text[lo:hi]``, left to right.
+
+        Found with ``str.find`` of ``x + x`` and copies counted by galloping ``startswith`` over
+        ``x * 2^j``: a few C-level compares per run, not one regex step per character (a Kimi K2.5
+        chunk holds hundreds of copies). ``x`` never overlaps itself, so runs are where the
+        regex ``(?:x){2,}`` matches."""
+        width, out = len(x), []
+        at = text.find(x + x, lo, hi)
+        while at != -1:
+            end = at + 2 * width
+            step = 1  # copies known to follow at end: gallop up, then halve down
+            while text.startswith(self._repeat(x, step), end, hi):
+                end += step * width
+                step *= 2
+            while step > 1:
+                step //= 2
+                if text.startswith(self._repeat(x, step), end, hi):
+                    end += step * width
+            out.append((at, end, x, (end - at) // width))
+            at = text.find(x + x, end, hi)
+        return out
+
+    def _repeat(self, x: str, copies: int) -> str:
+        """``x * copies`` for powers of two, kept per token (the galloping compares of `_runs_of`)."""
+        key = (x, copies)
+        if key not in self.repeats:
+            self.repeats[key] = x * copies
+        return self.repeats[key]
 
     def encode(
         self, text: str, media_spans: tuple[tuple[int, int], ...], add_special_tokens: bool
@@ -118,27 +159,39 @@ class RunEncoder:
         run_ids: list[int],
     ) -> tuple[list[int], npt.NDArray[np.int64]] | None:
         """Each run's one copy back to ``copies`` ids, offsets back to the full text's; None where a
-        run's copy is not one token with its own offsets (then the full text is tokenized as it is)."""
-        where: dict[int, int] = {}  # short-text token index -> run
-        for r, start in enumerate(starts):
-            at = np.flatnonzero((offsets[:, 0] == start) & (offsets[:, 1] == start + widths[r])).tolist()
-            hits = [h for h in at if ids[h] == run_ids[r]]
-            if len(hits) != 1:
-                return None
-            where[hits[0]] = r
+        run's copy is not one token with its own offsets (then the full text is tokenized as it is).
+
+        Whole-array steps, not one per run: a video expands to a run per frame (Gemma 4: 32) or per
+        chunk (Kimi K2.5), and a loop over runs that scans every token made the runs cost more than
+        the tokenizer call they save."""
+        token_ids = np.asarray(ids, dtype=np.int64)
+        run_starts = np.asarray(starts, dtype=np.int64)  # strictly increasing: the runs do not overlap
+        run_widths = np.asarray(widths, dtype=np.int64)
+        run_copies = np.asarray(copies, dtype=np.int64)
+        # the one run a token can be the kept copy of: the run starting where the token starts
+        run = np.minimum(np.searchsorted(run_starts, offsets[:, 0]), len(starts) - 1)
+        kept = (
+            (run_starts[run] == offsets[:, 0])
+            & (offsets[:, 1] == offsets[:, 0] + run_widths[run])
+            & (token_ids == np.asarray(run_ids, dtype=np.int64)[run])
+        )
+        hits = np.flatnonzero(kept)  # short-text token indices, in run order
+        hit_runs = run[hits]
+        if not np.array_equal(hit_runs, np.arange(len(starts))):  # each run's copy exactly once
+            return None
         shift = np.concatenate([[0], np.asarray(removed, dtype=np.int64)])
         # a position at or past a run's end in the short text moves by what that run dropped
-        ends = np.asarray([s + w for s, w in zip(starts, widths, strict=True)], dtype=np.int64)
-        moved = offsets + shift[np.searchsorted(ends, offsets, side="right")]
+        moved = offsets + shift[np.searchsorted(run_starts + run_widths, offsets, side="right")]
         reps = np.ones(len(ids), dtype=np.int64)
-        for h, r in where.items():
-            reps[h] = copies[r]
+        reps[hits] = run_copies
         out_offsets = np.repeat(moved, reps, axis=0)
-        out_ids = np.repeat(np.asarray(ids, dtype=np.int64), reps)
-        pos = np.cumsum(reps) - reps  # first output index of each short token
-        for h, r in where.items():
-            step = np.arange(copies[r], dtype=np.int64) * widths[r]
-            first = out_offsets[pos[h], 0]
-            out_offsets[pos[h] : pos[h] + copies[r], 0] = first + step
-            out_offsets[pos[h] : pos[h] + copies[r], 1] = first + step + widths[r]
+        out_ids = np.repeat(token_ids, reps)
+        first_out = (np.cumsum(reps) - reps)[hits]  # each run's first output index
+        step = np.arange(int(run_copies.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(run_copies) - run_copies, run_copies
+        )
+        rows = np.repeat(first_out, run_copies) + step
+        begin = np.repeat(out_offsets[first_out, 0], run_copies) + step * np.repeat(run_widths, run_copies)
+        out_offsets[rows, 0] = begin
+        out_offsets[rows, 1] = begin + np.repeat(run_widths, run_copies)
         return out_ids.tolist(), out_offsets
