@@ -130,17 +130,21 @@ class ChatRenderer:
     special tokens, ``documents=None``). The full text itself is always ``apply_chat_template``'s:
     where the direct render of the whole conversation differs from it (a transformers version
     whose wrapper does more), every render of that conversation goes through
-    ``apply_chat_template``, and so does any render the direct path raises on. One per worker: it
-    holds the compiled template, nothing per sample.
+    ``apply_chat_template``, and so does any render the direct path raises on. Conversations of
+    one shape share their renders but for the texts: the renders after the full text come from
+    :attr:`spans` (:mod:`prep.tokenize.span_cache`) wherever they provably equal the direct ones.
+    One per worker: it holds the compiled template and the shape cache, nothing per sample.
     """
 
-    def __init__(self, tokenizer: Any, template: str) -> None:
+    def __init__(self, tokenizer: Any, template: str, *, max_shapes: int = 256) -> None:
+        """``max_shapes``: conversation shapes whose renders are kept (0: none, every render done)."""
         self.tokenizer = tokenizer
         self.template = template
         self.direct = _NORMALIZE is not None and _PLAIN is not None and _ALIAS is not None
         self.compiled = _compile_jinja_template(template) if self.direct else None
         self.variables: dict[str, Any] = _PLAIN(dict(tokenizer.special_tokens_map)) if _PLAIN is not None else {}
-        self.spans = SpanCache(SymbolicTemplate(self.compiled, template)) if self.compiled is not None else None
+        cached = self.compiled is not None and max_shapes > 0
+        self.spans = SpanCache(SymbolicTemplate(self.compiled, template), max_shapes) if cached else None
 
     def conversation(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> ConversationRenders:
         """The renders of one conversation, starting with its full text (``apply_chat_template``'s).
