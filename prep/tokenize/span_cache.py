@@ -183,10 +183,15 @@ def skeleton_texts(texts: list[str]) -> list[str]:
     return [f"PVLMS{k}Q" if text else "" for k, text in enumerate(texts)]
 
 
-def symbolic_point(symbolic: SymbolicTemplate, tracer: Tracer, **variables: Any) -> PointRender | None:
-    """One symbolic render, or None where the template aborts or raises (that render is done for real)."""
+def symbolic_point(
+    symbolic: SymbolicTemplate, tracer: Tracer, context: dict[str, Any], variables: dict[str, Any]
+) -> PointRender | None:
+    """One symbolic render, or None where the template aborts or raises (that render is done for real).
+
+    ``context`` and ``variables`` are passed as the direct render passes them (a clash raises, as there).
+    """
     try:
-        pieces, checks = symbolic.render(tracer, **variables)
+        pieces, checks = symbolic.render(tracer, **context, **variables)
     except Abort:
         return None
     except Exception:  # jinja raises many types; the real render raises too, or takes another path

@@ -193,15 +193,13 @@ class ChatRenderer:
                 if copy is None:
                     continue
                 rendered[sentinel] = copy
-            point = symbolic_point(
-                self.spans.symbolic,
-                tracer,
-                messages=rendered,
-                tools=walked_tools,
-                documents=None,
-                add_generation_prompt=generation_prompt,
-                **self.variables,
-            )
+            context = {
+                "messages": rendered,
+                "tools": walked_tools,
+                "documents": None,
+                "add_generation_prompt": generation_prompt,
+            }
+            point = symbolic_point(self.spans.symbolic, tracer, context, self.variables)
             if point is not None:
                 points[(end, generation_prompt, sentinel)] = point
         return ShapeRenders(points)
