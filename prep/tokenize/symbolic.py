@@ -109,24 +109,24 @@ class Tracer:
 class Sym:
     """An opaque text value: slots and literals, read only through recorded checks."""
 
-    __slots__ = ("pieces", "tracer")
+    __slots__ = ("_pieces", "_tracer")
 
     def __init__(self, pieces: Pieces, tracer: Tracer) -> None:
-        self.pieces = pieces
-        self.tracer = tracer
+        self._pieces = pieces  # underscore names: the sandbox hides them from templates (a str has none)
+        self._tracer = tracer
 
     @property
-    def skeleton(self) -> str:
-        return materialize(self.pieces, self.tracer.skeleton)
+    def _skeleton(self) -> str:
+        return materialize(self._pieces, self._tracer.skeleton)
 
     def __bool__(self) -> bool:  # from the shape: which slots are empty is part of it
-        return bool(self.skeleton)
+        return bool(self._skeleton)
 
     def __add__(self, other: object) -> Sym:
-        return join_values([self, other], self.tracer)
+        return join_values([self, other], self._tracer)
 
     def __radd__(self, other: object) -> Sym:
-        return join_values([other, self], self.tracer)
+        return join_values([other, self], self._tracer)
 
     def __eq__(self, other: object) -> Any:
         return self._observe("__eq__", other)
@@ -150,29 +150,35 @@ class Sym:
         for value in (*args, *kwargs.values()):
             if not isinstance(value, (Sym, str, *_ANSWERS)):
                 raise Abort(f"{method} with a {type(value).__name__} argument")
-        skeleton = [a.skeleton if isinstance(a, Sym) else a for a in args]
-        plain = {k: v.skeleton if isinstance(v, Sym) else v for k, v in kwargs.items()}
-        result = _function(method)(self.skeleton, *skeleton, **plain)
+        skeleton = [a._skeleton if isinstance(a, Sym) else a for a in args]
+        plain = {k: v._skeleton if isinstance(v, Sym) else v for k, v in kwargs.items()}
+        result = _function(method)(self._skeleton, *skeleton, **plain)
         expected: Any
         out: Any
         if isinstance(result, _ANSWERS):
             expected, out = result, result
-        elif type(result) is str and result == self.skeleton:
+        elif type(result) is str and result == self._skeleton:
             expected, out = _SAME, self
-        elif type(result) is list and result == [self.skeleton]:
+        elif type(result) is list and result == [self._skeleton]:
             expected, out = _SAME_LIST, [self]
         else:
             raise Abort(f"{method} derives a new text")
-        sym_args = tuple(SymArg(a.pieces) if isinstance(a, Sym) else a for a in args)
-        sym_kwargs = tuple((k, SymArg(v.pieces) if isinstance(v, Sym) else v) for k, v in kwargs.items())
-        self.tracer.checks.append(Check(method, self.pieces, sym_args, sym_kwargs, expected))
+        sym_args = tuple(SymArg(a._pieces) if isinstance(a, Sym) else a for a in args)
+        sym_kwargs = tuple((k, SymArg(v._pieces) if isinstance(v, Sym) else v) for k, v in kwargs.items())
+        self._tracer.checks.append(Check(method, self._pieces, sym_args, sym_kwargs, expected))
         return out
 
     def _abort(self, *args: Any, **kwargs: Any) -> Any:
         raise Abort("an operation that reads a text value without a check")
 
-    __str__ = __repr__ = __format__ = __hash__ = __iter__ = __getitem__ = __reversed__ = _abort
+    # everything else a str answers: abort (not TypeError, which filters like ``int`` catch to take
+    # another path than a str would); no __call__ (a str is not callable), no __html__
+    __str__ = __repr__ = __format__ = __bytes__ = __hash__ = __iter__ = __getitem__ = __reversed__ = _abort
     __lt__ = __le__ = __gt__ = __ge__ = __mul__ = __rmul__ = __mod__ = __rmod__ = _abort
+    __int__ = __float__ = __index__ = __complex__ = __round__ = __trunc__ = __floor__ = __ceil__ = _abort
+    __abs__ = __neg__ = __pos__ = __invert__ = __sub__ = __rsub__ = __truediv__ = __rtruediv__ = _abort
+    __floordiv__ = __rfloordiv__ = __pow__ = __rpow__ = __divmod__ = __rdivmod__ = _abort
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = __lshift__ = __rshift__ = _abort
 
 
 class SymStr(str):
@@ -191,7 +197,7 @@ def join_values(values: Iterable[object], tracer: Tracer) -> Sym:
         if isinstance(value, SymStr):
             value = value.sym
         if isinstance(value, Sym):
-            pieces.extend(value.pieces)
+            pieces.extend(value._pieces)
         elif isinstance(value, str):
             pieces.append(value)
         else:
@@ -235,7 +241,7 @@ class SymbolicEnvironment(ImmutableSandboxedEnvironment):
         self.tests.update(base.tests)
         self.globals.update(base.globals)
         self.policies.update(base.policies)
-        self.tracer_box = tracer_box
+        self._tracer_box = tracer_box
         self.concat = self._concat  # type: ignore[method-assign]
         _wrap_tests(self.tests)
         trim = self.filters["trim"]
@@ -248,20 +254,20 @@ class SymbolicEnvironment(ImmutableSandboxedEnvironment):
     def _concat(self, parts: Iterable[str]) -> Any:
         parts = list(parts)
         if any(isinstance(p, SymStr) for p in parts):
-            return join_values(parts, self.tracer_box[0])
+            return join_values(parts, self._tracer_box[0])
         return "".join(parts)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if isinstance(left, Sym) or isinstance(right, Sym):
             if operator == "+":
-                return join_values([left, right], self.tracer_box[0])
+                return join_values([left, right], self._tracer_box[0])
             raise Abort(f"operator {operator} on a text value")
         return super().call_binop(context, operator, left, right)
 
 
 def _finalize(value: Any) -> Any:
     if isinstance(value, Sym):
-        out = SymStr(value.skeleton)
+        out = SymStr(value._skeleton)
         out.sym = value
         return out
     return value
@@ -290,22 +296,22 @@ class SymbolicTemplate:
     """One chat template compiled in a :class:`SymbolicEnvironment`, rendered with symbolic texts."""
 
     def __init__(self, compiled: Any, template: str) -> None:
-        self.tracer_box: list[Tracer] = [Tracer([])]
-        self.environment = SymbolicEnvironment(compiled.environment, self.tracer_box)
+        self._tracer_box: list[Tracer] = [Tracer([])]
+        self.environment = SymbolicEnvironment(compiled.environment, self._tracer_box)
         self.template = self.environment.from_string(template)
         namespace = self.template.root_render_func.__globals__  # the compiled module's ``~`` helpers
         namespace["str_join"] = namespace["markup_join"] = self._str_join
 
     def render(self, tracer: Tracer, **variables: Any) -> tuple[Pieces, list[Check]]:
         """The render's pieces and its checks; raises :class:`Abort` or whatever the template raises."""
-        self.tracer_box[0] = tracer
+        self._tracer_box[0] = tracer
         tracer.checks = []
         out = self.template.render(**variables)
-        pieces = out.pieces if isinstance(out, Sym) else _merged([str(out)])
+        pieces = out._pieces if isinstance(out, Sym) else _merged([str(out)])
         return pieces, tracer.checks
 
     def _str_join(self, seq: Iterable[Any]) -> Any:
         items = list(seq)
         if any(isinstance(v, Sym) for v in items):
-            return join_values([v if isinstance(v, Sym) else str(v) for v in items], self.tracer_box[0])
+            return join_values([v if isinstance(v, Sym) else str(v) for v in items], self._tracer_box[0])
         return "".join(map(str, items))

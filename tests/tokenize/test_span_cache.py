@@ -4,7 +4,7 @@ Oracle: today's span search with every render done by ``apply_chat_template`` (a
 :class:`ChatRenderer` with no cache and the direct path off), independent of
 :mod:`prep.tokenize.symbolic`. For every example family's real template and hand-written
 templates that look into texts in the ways the cache must notice (only in prefix renders, after
-capturing output, through ``~``, ``join``, ``in 'literal'``), hypothesis draws conversation shapes
+capturing output, through ``~``, ``join``, ``in 'literal'``, ``int``), hypothesis draws conversation shapes
 (system turn or not, turns, images in content lists, reasoning fields, tool calls where the
 template reads them) and several text assignments per shape (edge whitespace, ``</think>``,
 Gemma 4's channel markers, empty texts): text and spans, or the error, must be equal; the
@@ -27,7 +27,7 @@ from prep.tokenize.content_style import as_content_lists, needs_content_lists
 from prep.tokenize.template import ChatRenderer, render_with_spans, template_tool_support
 
 FAMILIES = example_families()
-PIECES = ["Hi", "a cat", " ", "\n", "</think>", "<think>", "<channel|>", "<|channel>", "magic", "é", "x y", "  "]
+PIECES = ["Hi", "a cat", " ", "\n", "</think>", "<think>", "<channel|>", "<|channel>", "magic", "é", "x y", "  ", "42"]
 TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather of a city.", "parameters": {}}}]
 CALL = [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]
 
@@ -50,7 +50,10 @@ MACRO = (
     "{% endif %}<e>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 LENGTH = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ m.content | length }}<e>{% endfor %}"
+# jinja's int filter catches TypeError: a text must not take the fallback a str would not
+NUMERIC = "{% for m in messages %}<{{ m.role }}>{{ m.content }}={{ m.content | int }}<e>{% endfor %}"
 HAND_WRITTEN = {
+    "numeric": NUMERIC,
     "prefix_only": PREFIX_ONLY,
     "captured": CAPTURED,
     "joined": JOINED,
