@@ -14,6 +14,9 @@ reply (what follows the sentinel is the turn's end-of-turn marker, trained on li
 A reply that opens the conversation has no generation prompt to end at: it is located the same
 way and starts at its text (not at character 0, which would train on a default system prompt).
 Only a template that still renders the rest differently is an error, naming why; never a guess.
+The renders after the full one are done once per conversation shape with the texts symbolic and
+served to each conversation of that shape whose texts provably render the same way
+(:mod:`prep.tokenize.span_cache`): one template render per sample instead of up to seven.
 Tokens overlapping a span get mask 1, the same overlap rule transformers uses for
 ``return_assistant_tokens_mask``. Assistant turns that call tools are trained on; ``tool``
 turns (observations) are not. Tools reach the template as ``apply_chat_template(tools=...)``
@@ -46,7 +49,6 @@ from prep.tokenize.span_cache import (
     RenderKey,
     ShapeRenders,
     SpanCache,
-    Tracer,
     Unshaped,
     skeleton_texts,
     span_render_keys,
@@ -55,7 +57,7 @@ from prep.tokenize.span_cache import (
     symbolic_sentinel_copy,
     text_slots,
 )
-from prep.tokenize.symbolic import SymbolicTemplate, materialize
+from prep.tokenize.symbolic import SymbolicTemplate, Tracer, materialize
 from schemas.reasons import Reason
 
 Message = dict[str, Any]
@@ -167,20 +169,20 @@ class ChatRenderer:
             key, texts = text_slots(walked, walked_tools)
         except Unshaped:
             return None
-        shape = self.spans.renders(key, lambda: self._shape_renders(messages, walked, walked_tools, texts))
+        spans = self.spans
+        shape = spans.renders(key, lambda: self._shape_renders(spans, messages, walked, walked_tools, texts))
         point = shape.points.get((len(messages), False, None))
         if point is None or not point.holds(texts) or materialize(point.pieces, texts) != full:
-            self.spans.stats.fallbacks += 1
+            spans.stats.fallbacks += 1
             return None
         return ConversationRenders(
             self, messages, tools, full=full, prepared=(walked, walked_tools, dict(shape.points), texts)
         )
 
     def _shape_renders(
-        self, messages: list[Message], walked: list[Message], walked_tools: Any, texts: list[str]
+        self, spans: SpanCache, messages: list[Message], walked: list[Message], walked_tools: Any, texts: list[str]
     ) -> ShapeRenders:
         """Every render the span search may ask for, texts symbolic (as :meth:`ConversationRenders._direct`)."""
-        assert self.spans is not None
         tracer = Tracer(skeleton_texts(texts))
         symbolic, tops = symbolic_messages(walked, tracer)
         points: dict[RenderKey, PointRender] = {}
@@ -199,7 +201,7 @@ class ChatRenderer:
                 "documents": None,
                 "add_generation_prompt": generation_prompt,
             }
-            point = symbolic_point(self.spans.symbolic, tracer, context, self.variables)
+            point = symbolic_point(spans.symbolic, tracer, context, self.variables)
             if point is not None:
                 points[(end, generation_prompt, sentinel)] = point
         return ShapeRenders(points)
