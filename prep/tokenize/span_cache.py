@@ -65,7 +65,7 @@ class SpanCache:
     """Shape -> :class:`ShapeRenders`, least recently used first out; one per worker and template."""
 
     symbolic: SymbolicTemplate
-    max_shapes: int = 256
+    max_shapes: int = 1024
     shapes: OrderedDict[Hashable, ShapeRenders] = field(default_factory=OrderedDict)
     stats: CacheStats = field(default_factory=CacheStats)
 

@@ -138,7 +138,7 @@ class ChatRenderer:
     One per worker: it holds the compiled template and the shape cache, nothing per sample.
     """
 
-    def __init__(self, tokenizer: Any, template: str, *, max_shapes: int = 256) -> None:
+    def __init__(self, tokenizer: Any, template: str, *, max_shapes: int = 1024) -> None:
         """``max_shapes``: conversation shapes whose renders are kept (0: none, every render done)."""
         self.tokenizer = tokenizer
         self.template = template
