@@ -17,6 +17,9 @@ Qwen3.5's template (MiniCPM-V 4.6's) moves a last reply's inline ``<think>...</t
 block of its own, so the sentinel copy renders differently around it: such a reply is located
 where the two renders differ by exactly its reasoning and answer, and starts at the reasoning.
 Only a template that still renders the rest differently is an error, naming why; never a guess.
+The renders after the full one are done once per conversation shape with the texts symbolic and
+served to each conversation of that shape whose texts provably render the same way
+(:mod:`prep.tokenize.span_cache`): one template render per sample instead of up to seven.
 Tokens overlapping a span get mask 1, the same overlap rule transformers uses for
 ``return_assistant_tokens_mask``. Assistant turns that call tools are trained on; ``tool``
 turns (observations) are not. Tools reach the template as ``apply_chat_template(tools=...)``
@@ -44,6 +47,20 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from packvlm.sample_error import SampleError
 from prep.tokenize.runs import RunEncoder
+from prep.tokenize.span_cache import (
+    PointRender,
+    RenderKey,
+    ShapeRenders,
+    SpanCache,
+    Unshaped,
+    skeleton_texts,
+    span_render_keys,
+    symbolic_messages,
+    symbolic_point,
+    symbolic_sentinel_copy,
+    text_slots,
+)
+from prep.tokenize.symbolic import SymbolicTemplate, Tracer, materialize
 from schemas.reasons import Reason
 
 Message = dict[str, Any]
@@ -118,20 +135,79 @@ class ChatRenderer:
     special tokens, ``documents=None``). The full text itself is always ``apply_chat_template``'s:
     where the direct render of the whole conversation differs from it (a transformers version
     whose wrapper does more), every render of that conversation goes through
-    ``apply_chat_template``, and so does any render the direct path raises on. One per worker: it
-    holds the compiled template, nothing per sample.
+    ``apply_chat_template``, and so does any render the direct path raises on. Conversations of
+    one shape share their renders but for the texts: the renders after the full text come from
+    :attr:`spans` (:mod:`prep.tokenize.span_cache`) wherever they provably equal the direct ones.
+    One per worker: it holds the compiled template and the shape cache, nothing per sample.
     """
 
-    def __init__(self, tokenizer: Any, template: str) -> None:
+    def __init__(self, tokenizer: Any, template: str, *, max_shapes: int = 1024) -> None:
+        """``max_shapes``: conversation shapes whose renders are kept (0: none, every render done)."""
         self.tokenizer = tokenizer
         self.template = template
         self.direct = _NORMALIZE is not None and _PLAIN is not None and _ALIAS is not None
         self.compiled = _compile_jinja_template(template) if self.direct else None
         self.variables: dict[str, Any] = _PLAIN(dict(tokenizer.special_tokens_map)) if _PLAIN is not None else {}
+        cached = self.compiled is not None and max_shapes > 0
+        self.spans = SpanCache(SymbolicTemplate(self.compiled, template), max_shapes) if cached else None
 
     def conversation(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> ConversationRenders:
-        """The renders of one conversation, starting with its full text (``apply_chat_template``'s)."""
-        return ConversationRenders(self, messages, tools)
+        """The renders of one conversation, starting with its full text (``apply_chat_template``'s).
+
+        The other renders come from the shape cache (:mod:`prep.tokenize.span_cache`) where the
+        cached full render, with this conversation's texts put in, is exactly ``apply_chat_template``'s
+        text (the check today's direct path makes) and its text checks hold; otherwise, and for any
+        render whose checks fail, the template renders for real as before.
+        """
+        full = render(self.tokenizer, self.template, messages, generation_prompt=False, tools=tools)
+        return self._from_cache(messages, tools, full) or ConversationRenders(self, messages, tools, full=full)
+
+    def _from_cache(self, messages: list[Message], tools: Any, full: str) -> ConversationRenders | None:
+        """The conversation's renders served from its shape's, or None (no cache, or the full render disagrees)."""
+        ok, walked_tools = self.walk_tools(tools)
+        if self.spans is None or not ok:
+            return None
+        walked = self.walk(messages)
+        try:
+            key, texts = text_slots(walked, walked_tools)
+        except Unshaped:
+            return None
+        spans = self.spans
+        shape = spans.renders(key, lambda: self._shape_renders(spans, messages, walked, walked_tools, texts))
+        point = shape.points.get((len(messages), False, None))
+        if point is None or not point.holds(texts) or materialize(point.pieces, texts) != full:
+            spans.stats.fallbacks += 1
+            return None
+        return ConversationRenders(
+            self, messages, tools, full=full, prepared=(walked, walked_tools, dict(shape.points), texts)
+        )
+
+    def _shape_renders(
+        self, spans: SpanCache, messages: list[Message], walked: list[Message], walked_tools: Any, texts: list[str]
+    ) -> ShapeRenders:
+        """Every render the span search may ask for, texts symbolic (as :meth:`ConversationRenders._direct`)."""
+        tracer = Tracer(skeleton_texts(texts))
+        symbolic, tops = symbolic_messages(walked, tracer)
+        points: dict[RenderKey, PointRender] = {}
+        for end, generation_prompt, sentinel in span_render_keys([m["role"] for m in messages]):
+            rendered = symbolic[:end]
+            if sentinel is not None:
+                copy = symbolic_sentinel_copy(
+                    self.walk([_with_sentinel(messages[sentinel])])[0], tops[sentinel], tracer
+                )
+                if copy is None:
+                    continue
+                rendered[sentinel] = copy
+            context = {
+                "messages": rendered,
+                "tools": walked_tools,
+                "documents": None,
+                "add_generation_prompt": generation_prompt,
+            }
+            point = symbolic_point(spans.symbolic, tracer, context, self.variables)
+            if point is not None:
+                points[(end, generation_prompt, sentinel)] = point
+        return ShapeRenders(points)
 
     def walk(self, messages: list[Message]) -> list[Message]:
         """What ``apply_chat_template`` hands the template for ``messages`` (with ``direct`` set)."""
@@ -151,15 +227,29 @@ class ChatRenderer:
 class ConversationRenders:
     """Every render one conversation's spans ask for, each done once (a last reply's prefix is the whole)."""
 
-    def __init__(self, renderer: ChatRenderer, messages: list[Message], tools: list[dict[str, Any]] | None) -> None:
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        *,
+        full: str,
+        prepared: tuple[list[Message], Any, dict[RenderKey, PointRender], list[str]] | None = None,
+    ) -> None:
+        """``prepared``: (walked messages, walked tools, the shape's renders, the texts) where the cached
+        full render with these texts is ``full``: the direct path's check, passed."""
         self.renderer = renderer
         self.messages = messages
         self.tools = tools
-        self.full = render(renderer.tokenizer, renderer.template, messages, generation_prompt=False, tools=tools)
+        self.full = full
         self._done: dict[tuple[int, bool, int | None], str] = {(len(messages), False, None): self.full}
         self._walked: list[Message] | None = None
         self._tools: Any = None
-        if renderer.direct:
+        self._points: dict[RenderKey, PointRender] = {}
+        self._texts: list[str] = []
+        if prepared is not None:
+            self._walked, self._tools, self._points, self._texts = prepared
+        elif renderer.direct:
             ok, walked_tools = renderer.walk_tools(tools)
             if ok:
                 self._walked, self._tools = renderer.walk(messages), walked_tools
@@ -174,6 +264,11 @@ class ConversationRenders:
     def text(self, end: int, *, generation_prompt: bool, sentinel: int | None = None) -> str:
         """Render of ``messages[:end]``, message ``sentinel`` with its text swapped for :data:`SENTINEL`."""
         key = (end, generation_prompt, sentinel)
+        point = self._points.pop(key, None)
+        if key not in self._done and point is not None and point.holds(self._texts):
+            self._done[key] = materialize(point.pieces, self._texts)
+            if self.renderer.spans is not None:
+                self.renderer.spans.stats.served += 1
         if key not in self._done:
             direct = self._direct(end, generation_prompt, sentinel) if self._walked is not None else None
             if direct is None:  # apply_chat_template's own text, or its own error

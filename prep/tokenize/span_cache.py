@@ -1,0 +1,212 @@
+"""Per-worker cache of a chat template's renders by conversation shape, for span finding.
+
+Finding the assistant spans of one conversation takes up to seven renders
+(:mod:`prep.tokenize.template`); in a dataset most conversations share a few shapes (roles in
+order, keys, content forms, image positions, tool calls). For each shape this cache renders, once,
+every render the span search may ask for with the texts left symbolic
+(:mod:`prep.tokenize.symbolic`), and then serves each conversation of that shape those renders
+with its own texts put in, after checking that its texts answer every look the template took into
+them as the symbolic render did. A render whose checks fail, or that the template could not render
+symbolically, is rendered for real as before: the cache only skips renders whose text it proves.
+
+The shape (:func:`text_slots`): the walked messages (what the template receives) with every free
+text value (a string ``content``, a content item's ``text``, reasoning fields) replaced by whether
+it is empty, everything else by value and type (floats by ``repr``: ``-0.0`` renders differently
+from ``0.0``), and the tools by value. Bounded: least recently used shapes go first.
+
+Example: ``[user "Hi", assistant "Hello."]`` and ``[user "Bye", assistant "Ciao."]`` share one
+shape; the second conversation's renders are the first's pieces with slots 0, 1 = ``"Bye"``,
+``"Ciao."``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prep.tokenize.symbolic import Abort, Check, Pieces, Sym, SymbolicTemplate, Tracer
+
+RenderKey = tuple[int, bool, int | None]  # (messages rendered, generation prompt, sentinel message)
+TEXT_KEYS = ("content", "reasoning_content", "reasoning", "thinking")  # free text of a message
+
+
+@dataclass(frozen=True, slots=True)
+class PointRender:
+    """One render of a shape: its pieces and the checks the texts must pass for them to hold."""
+
+    pieces: Pieces
+    checks: tuple[Check, ...]
+
+    def holds(self, texts: list[str]) -> bool:
+        return all(check.holds(texts) for check in self.checks)
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeRenders:
+    """Every render the span search may ask for, of one shape (a render that failed is absent)."""
+
+    points: dict[RenderKey, PointRender]
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """How often a conversation's shape was found, built, or its full render not served."""
+
+    hits: int = 0
+    misses: int = 0
+    fallbacks: int = 0  # the full render's checks or text disagreed: every render done for real
+    served: int = 0  # renders taken from the cache (full renders not counted)
+
+
+@dataclass(slots=True)
+class SpanCache:
+    """Shape -> :class:`ShapeRenders`, least recently used first out; one per worker and template."""
+
+    symbolic: SymbolicTemplate
+    max_shapes: int = 1024
+    shapes: OrderedDict[Hashable, ShapeRenders] = field(default_factory=OrderedDict)
+    stats: CacheStats = field(default_factory=CacheStats)
+
+    def renders(self, key: Hashable, build: Any) -> ShapeRenders:
+        """The shape's renders, built by ``build()`` on a miss."""
+        found = self.shapes.get(key)
+        if found is not None:
+            self.shapes.move_to_end(key)
+            self.stats.hits += 1
+            return found
+        self.stats.misses += 1
+        built: ShapeRenders = build()
+        self.shapes[key] = built
+        if len(self.shapes) > self.max_shapes:
+            self.shapes.popitem(last=False)
+        return built
+
+
+class Unshaped(Exception):  # noqa: N818 (a reason to skip the cache, not an error)
+    """A value the shape cannot hold exactly (a type outside plain JSON)."""
+
+
+def text_slots(walked: list[dict[str, Any]], tools: Any) -> tuple[Hashable, list[str]]:
+    """The conversation's shape and its free texts, slot by slot (raises :class:`Unshaped`)."""
+    texts: list[str] = []
+    shape = tuple(_message_shape(m, texts) for m in walked)
+    return (shape, _frozen(tools)), texts
+
+
+def _message_shape(message: dict[str, Any], texts: list[str]) -> Hashable:
+    out: list[tuple[str, Hashable]] = []
+    for key, value in message.items():
+        if key in TEXT_KEYS and type(value) is str:
+            texts.append(value)
+            out.append((key, ("text", bool(value))))
+        elif key == "content" and type(value) is list:
+            out.append((key, ("items", tuple(_item_shape(item, texts) for item in value))))
+        else:
+            out.append((key, _frozen(value)))
+    return tuple(out)
+
+
+def _item_shape(item: Any, texts: list[str]) -> Hashable:
+    if type(item) is dict and item.get("type") == "text" and type(item.get("text")) is str:
+        out: list[tuple[Any, Hashable]] = []
+        for key, value in item.items():
+            if key == "text":
+                texts.append(value)
+                out.append((key, ("text", bool(value))))
+            else:
+                out.append((key, _frozen(value)))
+        return ("text-item", tuple(out))
+    return _frozen(item)
+
+
+def _frozen(value: Any) -> Hashable:
+    """Hashable, equal only for values every template renders alike (types kept, floats by repr)."""
+    kind = type(value)
+    if value is None or kind in (str, int, bool):
+        return (kind.__name__, value)
+    if kind is float:
+        return ("float", repr(value))
+    if kind is dict:
+        return ("dict", tuple((_frozen(k), _frozen(v)) for k, v in value.items()))
+    if kind in (list, tuple):
+        return (kind.__name__, tuple(_frozen(v) for v in value))
+    raise Unshaped(kind.__name__)
+
+
+def symbolic_messages(
+    walked: list[dict[str, Any]], tracer: Tracer
+) -> tuple[list[dict[str, Any]], list[dict[str, int]]]:
+    """The walked messages with slot ``k``'s text replaced by a :class:`Sym` (same order as :func:`text_slots`),
+    and each message's top-level text keys -> slot (what a sentinel copy of the message keeps)."""
+    counter = iter(range(1 << 62))
+    out, tops = [], []
+    for message in walked:
+        top: dict[str, int] = {}
+        sym: dict[str, Any] = {}
+        for key, value in message.items():
+            if key in TEXT_KEYS and type(value) is str:
+                top[key] = next(counter)
+                sym[key] = Sym((top[key],), tracer)
+            elif key == "content" and type(value) is list:
+                sym[key] = [_symbolic_item(item, tracer, counter) for item in value]
+            else:
+                sym[key] = value
+        out.append(sym)
+        tops.append(top)
+    return out, tops
+
+
+def _symbolic_item(item: Any, tracer: Tracer, counter: Any) -> Any:
+    if type(item) is dict and item.get("type") == "text" and type(item.get("text")) is str:
+        return {k: Sym((next(counter),), tracer) if k == "text" else v for k, v in item.items()}
+    return item
+
+
+def symbolic_sentinel_copy(walked: dict[str, Any], top: dict[str, int], tracer: Tracer) -> dict[str, Any] | None:
+    """A walked sentinel copy of a message (content swapped for the sentinel) with its other texts symbolic;
+    None where it holds a text the original did not (no slot to put it in)."""
+    out: dict[str, Any] = {}
+    for key, value in walked.items():
+        if key != "content" and key in TEXT_KEYS and type(value) is str:
+            if key not in top:
+                return None
+            out[key] = Sym((top[key],), tracer)
+        else:
+            out[key] = value
+    return out
+
+
+def skeleton_texts(texts: list[str]) -> list[str]:
+    """A stand-in per slot: empty where the text is (the shape holds that), else a plain word."""
+    return [f"PVLMS{k}Q" if text else "" for k, text in enumerate(texts)]
+
+
+def symbolic_point(
+    symbolic: SymbolicTemplate, tracer: Tracer, context: dict[str, Any], variables: dict[str, Any]
+) -> PointRender | None:
+    """One symbolic render, or None where the template aborts or raises (that render is done for real).
+
+    ``context`` and ``variables`` are passed as the direct render passes them (a clash raises, as there).
+    """
+    try:
+        pieces, checks = symbolic.render(tracer, **context, **variables)
+    except Abort:
+        return None
+    except Exception:  # jinja raises many types; the real render raises too, or takes another path
+        return None
+    return PointRender(pieces, tuple(checks))
+
+
+def span_render_keys(roles: list[str]) -> list[RenderKey]:
+    """Every render :func:`prep.tokenize.template._turn_span` may ask for, the full render first."""
+    n = len(roles)
+    keys: list[RenderKey] = [(n, False, None)]
+    for i, role in enumerate(roles):
+        if role != "assistant":
+            continue
+        if i > 0:
+            keys += [(i, True, None), (i + 1, False, None)]
+        keys += [(n, False, i), (i + 1, False, i)]
+    return list(dict.fromkeys(keys))
