@@ -14,8 +14,10 @@ pack is built from the same processor outputs and the same encoded image bytes, 
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +25,7 @@ from PIL import Image
 from transformers import PreTrainedModel
 from transformers.image_utils import load_image
 
+from families.counter import MediaCount
 from families.processor import ProcessorBundle, load_processor
 from families.registry import example_family, find_counter
 from prep.example.media import make_image_bytes
@@ -97,21 +100,21 @@ def tiny_model(family: Family, attn_implementation: str = "packvlm_varlen", seed
     return model.train()
 
 
-def _messages(conversation: Conversation, *, text_as_string: bool) -> tuple[list[dict], list[dict]]:
-    """(user turn, assistant turn) as chat messages; ``text_as_string``: a turn without media is a
-    plain string, as `prep.sources.formats.content` gives it (some templates take only that)."""
-
-    def turn(role: str, content: list[dict[str, str]]) -> dict[str, object]:
-        plain = text_as_string and all(c["type"] == "text" for c in content)
-        return {"role": role, "content": "".join(c["text"] for c in content) if plain else content}
-
-    images = [{"type": "image"}] * len(conversation.image_sizes)
-    user = turn("user", [*images, {"type": "text", "text": conversation.question}])
-    reply = turn("assistant", [{"type": "text", "text": conversation.answer}])
-    return [user], [reply]
+def turns(media: Sequence[str], question: str, answer: str) -> tuple[list[dict], list[dict]]:
+    """(user turn: a placeholder per ``media`` kind, "image" or "video", then ``question``; the reply)."""
+    user = {"role": "user", "content": [*({"type": kind} for kind in media), {"type": "text", "text": question}]}
+    return [user], [{"role": "assistant", "content": [{"type": "text", "text": answer}]}]
 
 
-def _render(processor: object, conversation: Conversation) -> tuple[str, str]:
+def _plain_text(turn: dict) -> dict:
+    """A turn without media as a plain string, as `prep.sources.formats.content` gives it."""
+    content = turn["content"]
+    if all(c["type"] == "text" for c in content):
+        return {**turn, "content": "".join(c["text"] for c in content)}
+    return turn
+
+
+def _render(processor: object, user: list[dict], reply: list[dict]) -> tuple[str, str]:
     """(whole conversation, prompt with generation header) by the processor's own template.
 
     Content lists first (every template here takes them for media turns); a template that fails
@@ -119,28 +122,39 @@ def _render(processor: object, conversation: Conversation) -> tuple[str, str]:
     plain strings there, as `prep` hands them to it.
     """
     try:
-        user, reply = _messages(conversation, text_as_string=False)
         full = processor.apply_chat_template(user + reply, tokenize=False)
     except TypeError:
-        user, reply = _messages(conversation, text_as_string=True)
+        user, reply = [_plain_text(t) for t in user], [_plain_text(t) for t in reply]
         full = processor.apply_chat_template(user + reply, tokenize=False)
     return full, processor.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+
+
+def processed(processor: Any, user: list[dict], reply: list[dict], **kwargs: Any) -> tuple[Any, torch.Tensor]:
+    """The real processor (``kwargs``: its media and options) on the whole conversation and on its
+    prompt alone: the whole conversation's output and its loss mask, 1 after the prompt."""
+    full_text, prompt_text = _render(processor, user, reply)
+    full = processor(text=[full_text], **kwargs)
+    prompt = processor(text=[prompt_text], **kwargs)
+    num_prompt = prompt["input_ids"].shape[1]
+    if not torch.equal(full["input_ids"][0, :num_prompt], prompt["input_ids"][0]):
+        raise AssertionError("the prompt is not a prefix of the conversation; the loss mask would be wrong")
+    loss_mask = torch.zeros(full["input_ids"].shape[1], dtype=torch.uint8)
+    loss_mask[num_prompt:] = 1
+    return full, loss_mask
+
+
+def model_inputs(output: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """What the model takes of a processor output: its tensors but the attention mask (one unpadded row)."""
+    return {k: v for k, v in output.items() if isinstance(v, torch.Tensor) and k != "attention_mask"}
 
 
 def process(processor: object, conversation: Conversation) -> Sample:
     """Run the real processor on one conversation (images decoded as transformers loads them)."""
     images = [load_image(Image.open(io.BytesIO(data))) for data in conversation.image_bytes()]
     kwargs = {"images": images} if images else {}
-    full_text, prompt_text = _render(processor, conversation)
-    full = processor(text=[full_text], return_tensors="pt", **kwargs)
-    prompt = processor(text=[prompt_text], return_tensors="pt", **kwargs)
-    num_prompt = prompt["input_ids"].shape[1]
-    if not torch.equal(full["input_ids"][0, :num_prompt], prompt["input_ids"][0]):
-        raise AssertionError("the prompt is not a prefix of the conversation; the loss mask would be wrong")
-    loss_mask = torch.zeros(full["input_ids"].shape[1], dtype=torch.uint8)
-    loss_mask[num_prompt:] = 1
-    inputs = {k: v for k, v in full.items() if isinstance(v, torch.Tensor) and k != "attention_mask"}
-    return Sample(conversation, inputs, loss_mask)
+    user, reply = turns(["image"] * len(images), conversation.question, conversation.answer)
+    full, loss_mask = processed(processor, user, reply, return_tensors="pt", **kwargs)
+    return Sample(conversation, model_inputs(full), loss_mask)
 
 
 def media_item(
@@ -175,14 +189,18 @@ def stored_image(bundle: ProcessorBundle, data: bytes, *, sample: int, member: s
     if counter is None:
         raise ValueError(f"no counter for {bundle.processor_class}")
     width, height = load_image(Image.open(io.BytesIO(data))).size
-    count = counter(bundle).count_image(width, height)
-    grid = (count.grid_t, count.grid_h, count.grid_w)
+    return counted_item(data, counter(bundle).count_image(width, height), sample=sample, member=member)
+
+
+def counted_item(data: bytes, count: MediaCount, *, sample: int, member: str) -> PackedMediaItem:
+    """The item `prep tokenize` + `prep pack` store for an image or a video the counter planned."""
     return media_item(
-        "image",
+        count.kind,
         data,
         sample=sample,
-        grid_thw=grid,
+        grid_thw=(count.grid_t, count.grid_h, count.grid_w),
         member=member,
+        frame_indices=count.frame_indices,
         num_tokens=count.num_tokens,
         num_tiles=count.num_tiles,
     )
@@ -243,6 +261,13 @@ def pack_samples(
     for index, sample in enumerate(samples):
         for data in sample.conversation.image_bytes():
             media.append(stored_image(bundle, data, sample=index, member=f"img{len(media):04d}.jpg"))
+    return samples_pack(samples, media, key=key, pad_to_multiple_of=pad_to_multiple_of)
+
+
+def samples_pack(
+    samples: Sequence[Sample], media: list[PackedMediaItem], *, key: str, pad_to_multiple_of: int = 1
+) -> LoadedPack:
+    """`loaded_pack` of these samples in order (ids ``sample-<i>``), holding ``media``."""
     return loaded_pack(
         key=key,
         input_ids=np.concatenate([s.input_ids[0].numpy() for s in samples]),

@@ -22,7 +22,6 @@ PIL processor here, the torchvision one where torchvision imports).
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +34,7 @@ from PIL import Image
 from families.layout import PatchRows
 from families.processor import ProcessorBundle, load_processor
 from families.registry import example_family
+from tests.train.probe_images import probe_image
 from train.join import join_fields
 from train.media import MediaProcessor
 from train.pixels import PackedPixels, RawPixelsError, vision_inputs
@@ -78,16 +78,6 @@ def _params(names: list[str]) -> list[object]:
     return [pytest.param(n, marks=marks) if n in TORCHVISION else n for n in names]
 
 
-def _image(width: int, height: int, seed: int) -> Image.Image:
-    """A JPEG round trip of seeded noise over a gradient (what decode_image hands a layout)."""
-    rng = np.random.default_rng(seed)
-    ramp = np.linspace(0, 255, width, dtype=np.float64)[None, :, None]
-    pixels = np.clip(ramp + rng.normal(0, 40, (height, width, 3)), 0, 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
-
-
 @pytest.fixture(scope="module")
 def bundle_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ProcessorBundle]:
     """A variant's processor (the example's directory, settings changed), built once when first asked for."""
@@ -122,7 +112,7 @@ def test_every_size_is_the_processors_pixel_values_bit_for_bit(bundle_of, varian
     assert media.table is not None and rows.channel_order == "last"
     padded = 0
     for seed, (width, height) in enumerate(SIZES):
-        image = _image(width, height, seed)
+        image = probe_image(width, height, seed)
         (item,) = media.layout.sample_inputs([image], []).items
         ours = media._packed(item.tensors)
         packed = ours["pixel_values"]
@@ -143,7 +133,7 @@ def test_every_size_is_the_processors_pixel_values_bit_for_bit(bundle_of, varian
 def test_a_pack_joins_to_the_processors_outputs_in_order(bundle_of, variant: str) -> None:
     bundle, token = bundle_of(variant), VARIANTS[variant][2]
     media = MediaProcessor.from_bundle(bundle, "uint8")
-    images = [_image(w, h, seed) for seed, (w, h) in enumerate(((1100, 600), (37, 211), (640, 480), (1, 1)))]
+    images = [probe_image(w, h, seed) for seed, (w, h) in enumerate(((1100, 600), (37, 211), (640, 480), (1, 1)))]
     items = [media._packed(i.tensors) for i in media.layout.sample_inputs(images, []).items]
     got = vision_inputs(join_fields(media.layout.joins, items))
     want = _truth(bundle, token, images)
@@ -157,7 +147,7 @@ def test_mutations_of_the_declaration_are_seen(bundle_of, variant: str) -> None:
     """Per-channel mean / std and a padded image: the marks and the channel order both matter."""
     bundle, token = bundle_of(variant), VARIANTS[variant][2]
     media = MediaProcessor.from_bundle(bundle, "uint8")
-    image = _image(300, 200, 0)
+    image = probe_image(300, 200, 0)
     (item,) = media.layout.sample_inputs([image], []).items
     packed = media._packed(item.tensors)["pixel_values"]
     assert isinstance(packed, PackedPixels) and packed.rows is not None

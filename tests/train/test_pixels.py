@@ -11,7 +11,6 @@ processor whose resize is not 8-bit.
 from __future__ import annotations
 
 import dataclasses
-import io
 from pathlib import Path
 
 import numpy as np
@@ -21,22 +20,13 @@ from PIL import Image
 
 from families.processor import load_processor
 from families.registry import example_families, example_family, find_layout
+from tests.train.probe_images import probe_image
 from train.join import join_fields
 from train.media import MediaProcessor
 from train.pixels import PackedPixels, RawPixelsError, as_uint8, frame_extents, normalization_table, vision_inputs
 
 #: (width, height): tiny, odd, both orientations, extreme aspect, a camera frame
 SIZES = ((1, 1), (37, 211), (300, 200), (200, 300), (1200, 90), (640, 480))
-
-
-def _image(width: int, height: int, seed: int) -> Image.Image:
-    """A JPEG round trip of seeded noise over a gradient (what decode_image hands a layout)."""
-    rng = np.random.default_rng(seed)
-    ramp = np.linspace(0, 255, width, dtype=np.float64)[None, :, None]
-    pixels = np.clip(ramp + rng.normal(0, 40, (height, width, 3)), 0, 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +51,7 @@ def test_every_item_is_bit_equal_to_the_processor_at_a_quarter_of_the_bytes(proc
     raw, truth = _media(processors, family)
     assert raw.layout.pixel_kwargs and raw.table is not None  # every family ships 8-bit pixels
     for seed, (width, height) in enumerate(SIZES):
-        image = _image(width, height, seed)
+        image = probe_image(width, height, seed)
         (ours,) = _items(raw, [image])
         (want,) = _items(truth, [image])
         packed = ours["pixel_values"]
@@ -78,7 +68,7 @@ def test_every_item_is_bit_equal_to_the_processor_at_a_quarter_of_the_bytes(proc
 def test_a_pack_of_different_sizes_joins_like_the_floats(processors, family: str) -> None:
     """Items of different sizes / tile counts joined by the layout's rules: padding stays 0.0."""
     raw, truth = _media(processors, family)
-    images = [_image(w, h, seed) for seed, (w, h) in enumerate(SIZES[2:])]
+    images = [probe_image(w, h, seed) for seed, (w, h) in enumerate(SIZES[2:])]
     joins = raw.layout.joins
     ours = join_fields(joins, _items(raw, images))
     want = join_fields(joins, _items(truth, images))

@@ -32,7 +32,6 @@ pytest.importorskip("torchvision")
 av = pytest.importorskip("av")
 
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset  # noqa: E402
-from transformers import AutoProcessor  # noqa: E402
 from transformers.video_utils import load_video  # noqa: E402
 
 from packvlm.energon import PackedTaskEncoder  # noqa: E402
@@ -41,8 +40,18 @@ from prep.example.media import write_video  # noqa: E402
 from schemas.packed import LoadedPack  # noqa: E402
 from tests.shards.oracles import pack, tokenized_rows  # noqa: E402
 from tests.train.conftest import _dataset_config  # noqa: E402
-from tests.train.models import loaded_pack, make_family, media_item, reference, scatter_truth, tiny_model  # noqa: E402
-from train.batch import IGNORE_INDEX  # noqa: E402
+from tests.train.models import (  # noqa: E402
+    Sample,
+    loaded_pack,
+    make_family,
+    media_item,
+    processed,
+    reference,
+    scatter_truth,
+    tiny_model,
+    turns,
+)
+from tests.video_clips import Clip, real_processor, write_clips  # noqa: E402
 from train.encoder import PackEncoder  # noqa: E402
 from train.forward import packed_forward  # noqa: E402
 from train.loss import per_token_losses  # noqa: E402
@@ -51,19 +60,7 @@ from train.media import MediaOrigin, decode_video_frames  # noqa: E402
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 TOLERANCE = 1e-5
 PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"  # what the chat template writes per video
-
-
-def real_processor(processor_dir: Path):
-    """`AutoProcessor` with its video processor reading paths through transformers' PyAV reader."""
-    processor = AutoProcessor.from_pretrained(str(processor_dir))
-
-    def fetch(urls, sample_indices_fn=None):
-        if isinstance(urls, list):
-            return list(zip(*[fetch(u, sample_indices_fn) for u in urls]))
-        return load_video(urls, backend="pyav", sample_indices_fn=sample_indices_fn)
-
-    processor.video_processor.fetch_videos = fetch
-    return processor
+CLIPS = {"a": Clip(8, 4.0, 64, 48, seed=1), "b": Clip(12, 6.0, 96, 64, seed=2)}
 
 
 def sampling_kwargs() -> dict:
@@ -189,16 +186,8 @@ def test_odd_frame_counts_and_unsampled_videos(family, tmp_path):
 
 def _video_sample(processor, path: str, question: str, answer: str, kwargs: dict) -> dict:
     """The real processor on one video conversation: inputs, loss mask, frames for the pack."""
-    user = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
-    reply = [{"role": "assistant", "content": [{"type": "text", "text": answer}]}]
-    full_text = processor.apply_chat_template(user + reply, tokenize=False)
-    prompt_text = processor.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-    full = processor(text=[full_text], videos=[path], return_tensors="pt", return_metadata=True, **kwargs)
-    prompt = processor(text=[prompt_text], videos=[path], return_tensors="pt", **kwargs)
-    n = prompt["input_ids"].shape[1]
-    assert torch.equal(full["input_ids"][0, :n], prompt["input_ids"][0])
-    mask = torch.zeros(full["input_ids"].shape[1], dtype=torch.uint8)
-    mask[n:] = 1
+    user, reply = turns(["video"], question, answer)
+    full, mask = processed(processor, user, reply, videos=[path], return_tensors="pt", return_metadata=True, **kwargs)
     keys = ("input_ids", "mm_token_type_ids", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
     inputs = {k: full[k] for k in keys if k in full}
     if "second_per_grid_ts" in inputs:
@@ -207,31 +196,19 @@ def _video_sample(processor, path: str, question: str, answer: str, kwargs: dict
     return {"inputs": inputs, "mask": mask, "frames": [int(i) for i in meta.frames_indices], "path": path}
 
 
-class _Alone:
-    """`tests.train.models.Sample`'s interface for `reference`."""
-
-    def __init__(self, sample: dict) -> None:
-        self.inputs, self.loss_mask = sample["inputs"], sample["mask"]
-        self.input_ids = self.inputs["input_ids"]
-        self.labels = torch.where(self.loss_mask.bool()[None], self.input_ids, IGNORE_INDEX)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_packed_video_losses_equal_samples_alone(family, tmp_path):
     torch.manual_seed(0)
     tiny = make_family(family, tmp_path)
     processor = real_processor(tiny.processor_dir)
-    clips = [
-        str(write_video(tmp_path / "a.mp4", 8, 4.0, 64, 48, seed=1)),
-        str(write_video(tmp_path / "b.mp4", 12, 6.0, 96, 64, seed=2)),
-    ]
+    clips = [str(p) for p in write_clips(tmp_path, CLIPS).values()]
     kwargs = {"fps": 2.0, "do_sample_frames": True}
     samples = [
         _video_sample(processor, clips[0], "What happens in the clip?", "Colours move slowly.", kwargs),
         _video_sample(processor, clips[1], "Describe this video.", "Stripes drift to the right.", kwargs),
     ]
     model = tiny_model(tiny)
-    truth = reference(model, [_Alone(s) for s in samples])
+    truth = reference(model, [Sample(None, s["inputs"], s["mask"]) for s in samples])  # type: ignore[arg-type]
     lengths = [s["inputs"]["input_ids"].shape[1] for s in samples]
     media = [
         media_item(

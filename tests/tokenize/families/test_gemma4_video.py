@@ -44,7 +44,6 @@ from families.gemma4.example import BOI, EOI, IMAGE_SOFT, VIDEO_SOFT, build_gemm
 from families.gemma4.settings import VIDEO_CLASS_DEFAULTS, Gemma4VideoSettings  # noqa: E402
 from families.processor import ProcessorBundle, load_processor  # noqa: E402
 from packvlm.sample_error import SampleError  # noqa: E402
-from prep.example.media import write_video  # noqa: E402
 from prep.sources.conversation import Conversation, MediaItem  # noqa: E402
 from prep.sources.media import LmdbPool, video_meta  # noqa: E402
 from prep.tokenize.core import SampleTokenizer  # noqa: E402
@@ -54,6 +53,7 @@ from schemas.media import VideoMeta  # noqa: E402
 from schemas.media_ref import MediaRef  # noqa: E402
 from schemas.reasons import Reason  # noqa: E402
 from tests.tokenize.families import cases  # noqa: E402
+from tests.video_clips import write_clips  # noqa: E402
 
 # name -> (frames, fps, width, height); sides even (yuv420p)
 VIDEOS = {
@@ -104,8 +104,7 @@ def fps_bundle(gemma_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pro
 
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("gemma4v_media")
-    return {name: write_video(root / f"{name}.mp4", *spec, seed=i) for i, (name, spec) in enumerate(VIDEOS.items())}
+    return write_clips(tmp_path_factory.mktemp("gemma4v_media"), VIDEOS)
 
 
 def _conversation(*turns: tuple[list[str], Path | None, str | None]) -> Conversation:

@@ -33,7 +33,6 @@ from families.counter import MediaRejected
 from families.kimi_k25.counter import KimiK25Counter
 from families.kimi_k25.example import build_processor_dir
 from families.processor import ProcessorBundle, load_processor
-from prep.example.media import write_video
 from prep.sources.conversation import Conversation, MediaItem
 from prep.sources.media import video_meta
 from schemas.dataset_config import VideoSampling
@@ -42,6 +41,7 @@ from schemas.media import VideoMeta
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
 from tests.tokenize.families import cases
+from tests.video_clips import Clip, real_processor, write_clips
 
 VIDEO_PAD = "<|kimi_k25_video_placeholder|>"
 SAMPLINGS = (
@@ -213,33 +213,17 @@ VIDEOS = [
 ]
 
 
-def _video_path(root: Path, spec: tuple[int, float, int, int]) -> Path:
-    frames, fps, width, height = spec
-    return write_video(root / f"v{frames}_{width}x{height}.mp4", frames, fps, width, height, seed=frames)
-
-
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    root = tmp_path_factory.mktemp("kimi_videos")
-    return [_video_path(root, spec) for spec in VIDEOS]
+    clips = {f"v{n}_{w}x{h}": Clip(n, fps, w, h, seed=n) for n, fps, w, h in VIDEOS}
+    return list(write_clips(tmp_path_factory.mktemp("kimi_videos"), clips).values())
 
 
 @pytest.fixture(scope="module")
 def processor(kimi_dir: Path) -> Any:
-    """The real processor, reading video paths with transformers' own PyAV reader (its default is torchcodec)."""
+    """The real processor, reading video paths with PyAV (`tests.video_clips`)."""
     pytest.importorskip("torchvision")
-    from transformers import AutoProcessor
-    from transformers.video_utils import load_video
-
-    proc = AutoProcessor.from_pretrained(str(kimi_dir))
-
-    def fetch(urls: Any, sample_indices_fn: Any = None) -> Any:
-        if isinstance(urls, list):
-            return list(zip(*[fetch(u, sample_indices_fn) for u in urls], strict=True))
-        return load_video(urls, backend="pyav", sample_indices_fn=sample_indices_fn)
-
-    proc.video_processor.fetch_videos = fetch
-    return proc
+    return real_processor(kimi_dir)
 
 
 def _sampling_kwargs(sampling: VideoSampling) -> dict[str, Any]:

@@ -30,7 +30,6 @@ pytest.importorskip("av")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from PIL import Image  # noqa: E402
-from transformers import AutoProcessor  # noqa: E402
 from transformers.image_utils import load_image  # noqa: E402
 from transformers.video_utils import VideoMetadata  # noqa: E402
 
@@ -39,15 +38,14 @@ from families.minicpmv4_6.counter import MiniCPMV4_6Counter, exact_rate, sample_
 from families.minicpmv4_6.example import build_minicpmv4_6_dir  # noqa: E402
 from families.processor import ProcessorBundle, load_processor  # noqa: E402
 from packvlm.sample_error import SampleError  # noqa: E402
-from prep.example.media import write_video  # noqa: E402
 from prep.sources.conversation import Conversation, MediaItem  # noqa: E402
 from prep.sources.media import video_meta  # noqa: E402
 from prep.tokenize.core import SampleTokenizer  # noqa: E402
-from prep.tokenize.processor_path import fetch_videos_with_pyav  # noqa: E402
 from schemas.dataset_config import VideoSampling  # noqa: E402
 from schemas.media import MediaKind, VideoMeta  # noqa: E402
 from schemas.media_ref import MediaRef  # noqa: E402
 from schemas.reasons import Reason  # noqa: E402
+from tests.video_clips import real_processor, write_clips  # noqa: E402
 
 STACKS = (1, 2, 3, 5)  # stack_frames: 1 (the checkpoint's), 2 / 3 (canvas layouts of 1..2 frames), 5 (2x2 canvas)
 # (frames, fps, width, height): what each case reaches
@@ -79,14 +77,6 @@ def processor_dir(root: Path, stack_frames: int) -> Path:
     return out
 
 
-def real_processor(path: Path) -> Any:
-    """``AutoProcessor`` whose video processor reads paths with transformers' PyAV reader."""
-    processor = AutoProcessor.from_pretrained(str(path))
-
-    processor.video_processor.fetch_videos = fetch_videos_with_pyav  # prep's own PyAV reader
-    return processor
-
-
 @pytest.fixture(scope="module")
 def processors(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[ProcessorBundle, Any]]:
     root = tmp_path_factory.mktemp("minicpmv4_6_video")
@@ -101,8 +91,7 @@ def processors(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Proc
 
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("minicpmv4_6_clips")
-    return {name: write_video(root / f"{name}.mp4", *spec, seed=i) for i, (name, spec) in enumerate(VIDEOS.items())}
+    return write_clips(tmp_path_factory.mktemp("minicpmv4_6_clips"), VIDEOS)
 
 
 def _conversation(parts: list[str | Path]) -> Conversation:

@@ -43,20 +43,22 @@ pytest.importorskip("av")
 from families.gemma4.counter import Gemma4Counter  # noqa: E402
 from families.gemma4.layout import Gemma4Layout  # noqa: E402
 from families.processor import load_processor  # noqa: E402
-from prep.example.media import make_image_bytes, write_video  # noqa: E402
+from prep.example.media import make_image_bytes  # noqa: E402
 from prep.sources.media import video_meta  # noqa: E402
-from prep.tokenize.processor_path import fetch_videos_with_pyav  # noqa: E402
 from schemas.dataset_config import VideoSampling  # noqa: E402
 from schemas.media_ref import MediaRef  # noqa: E402
 from schemas.packed import LoadedPack  # noqa: E402
 from tests.train.models import (  # noqa: E402
     Sample,
-    loaded_pack,
+    counted_item,
     make_family,
-    media_item,
+    model_inputs,
+    processed,
     reference,
+    samples_pack,
     stored_image,
     tiny_model,
+    turns,
 )
 from tests.train.packed_truth import (  # noqa: E402
     TOLERANCE,
@@ -66,6 +68,7 @@ from tests.train.packed_truth import (  # noqa: E402
     varlen_losses,
     with_stored,
 )
+from tests.video_clips import read_with_pyav, write_clips  # noqa: E402
 from train.encoder import PackEncoder  # noqa: E402
 from train.image_blocks import token_runs  # noqa: E402
 from train.media import PlanMismatchError  # noqa: E402
@@ -109,8 +112,7 @@ PACKS = {
 def _processor(family_dir: Path) -> object:
     """The real processor (as `prep` loads it) rendering with ``enable_thinking`` (see test_gemma4.py),
     its video processor decoding paths with transformers' PyAV reader."""
-    processor = load_processor(str(family_dir)).processor
-    processor.video_processor.fetch_videos = fetch_videos_with_pyav  # type: ignore[attr-defined]
+    processor = read_with_pyav(load_processor(str(family_dir)).processor)
     render = processor.apply_chat_template  # type: ignore[attr-defined]
     processor.apply_chat_template = functools.partial(render, enable_thinking=True)  # type: ignore[attr-defined]
     return processor
@@ -118,24 +120,16 @@ def _processor(family_dir: Path) -> object:
 
 def _process(processor, counter: Gemma4Counter, conv: VideoConversation, videos: dict[str, Path]) -> Sample:
     """The real processor on one conversation: inputs and the loss mask (everything after the prompt)."""
-    content = [{"type": "image"}] * len(conv.image_sizes)
+    media = ["image"] * len(conv.image_sizes)
     kwargs: dict = {}
     if conv.image_sizes:
         kwargs["images"] = [load_image(Image.open(io.BytesIO(b))) for b in conv.image_bytes()]
     if conv.video is not None:
-        content = [*content, {"type": "video"}]
+        media.append("video")
         kwargs["videos"] = [str(videos[conv.video])]
         kwargs.update(counter.processor_video_kwargs(conv.sampling))
-    user = [{"role": "user", "content": [*content, {"type": "text", "text": conv.question}]}]
-    reply = [{"role": "assistant", "content": [{"type": "text", "text": conv.answer}]}]
-    full = processor(text=[processor.apply_chat_template(user + reply, tokenize=False)], return_tensors="pt", **kwargs)
-    prompt_text = processor.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-    prompt = processor(text=[prompt_text], return_tensors="pt", **kwargs)
-    n = prompt["input_ids"].shape[1]
-    assert torch.equal(full["input_ids"][0, :n], prompt["input_ids"][0])
-    mask = torch.zeros(full["input_ids"].shape[1], dtype=torch.uint8)
-    mask[n:] = 1
-    inputs = {k: v for k, v in full.items() if isinstance(v, torch.Tensor) and k != "attention_mask"}
+    full, mask = processed(processor, *turns(media, conv.question, conv.answer), return_tensors="pt", **kwargs)
+    inputs = model_inputs(full)
     if "num_frames_per_video" in full:
         inputs["num_frames_per_video"] = torch.as_tensor(full["num_frames_per_video"], dtype=torch.int64)
     return Sample(conv, inputs, mask)  # type: ignore[arg-type]
@@ -159,26 +153,8 @@ class VideoSetup:
             if conv.video is not None:  # type: ignore[attr-defined]
                 path = self.videos[conv.video]  # type: ignore[attr-defined]
                 count = self.counter.count_video(video_meta(MediaRef(path=str(path))), conv.sampling)  # type: ignore[attr-defined]
-                media.append(
-                    media_item(
-                        "video",
-                        path.read_bytes(),
-                        sample=index,
-                        grid_thw=(count.grid_t, count.grid_h, count.grid_w),
-                        member=f"vid{len(media):04d}.mp4",
-                        frame_indices=count.frame_indices,
-                        num_tokens=count.num_tokens,
-                    )
-                )
-        return loaded_pack(
-            key=f"pack-{name}",
-            input_ids=np.concatenate([s.input_ids[0].numpy() for s in samples]),
-            loss_mask=np.concatenate([s.loss_mask.numpy() for s in samples]),
-            lengths=[s.input_ids.shape[1] for s in samples],
-            sample_ids=[f"sample-{i}" for i in range(len(samples))],
-            media=media,
-            pad_to_multiple_of=pad_to_multiple_of,
-        )
+                media.append(counted_item(path.read_bytes(), count, sample=index, member=f"vid{len(media):04d}.mp4"))
+        return samples_pack(samples, media, key=f"pack-{name}", pad_to_multiple_of=pad_to_multiple_of)
 
     def encode(self, name: str, pad_to_multiple_of: int = 1):
         return self.setup.encoder.encode(self.pack(name, pad_to_multiple_of))
@@ -203,8 +179,7 @@ def _build(root: Path, videos: dict[str, Path], double: bool) -> VideoSetup:
 
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("gemma4_videos")
-    return {n: write_video(root / f"{n}.mp4", *spec, seed=i) for i, (n, spec) in enumerate(VIDEOS.items())}
+    return write_clips(tmp_path_factory.mktemp("gemma4_videos"), VIDEOS)
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,18 @@ import numpy as np
 import pytest
 import torch
 
-from tests.train.models import Sample, loaded_pack, make_family, media_item, reference, stored_image, tiny_model
+from tests.train.models import (
+    Sample,
+    counted_item,
+    make_family,
+    model_inputs,
+    processed,
+    reference,
+    samples_pack,
+    stored_image,
+    tiny_model,
+    turns,
+)
 from tests.train.packed_truth import (
     LARGE,
     TOLERANCE,
@@ -47,11 +58,11 @@ pytest.importorskip("torchvision")
 
 from families.kimi_k25.counter import KimiK25Counter  # noqa: E402
 from families.processor import load_processor  # noqa: E402
-from prep.example.media import make_image_bytes, write_video  # noqa: E402
+from prep.example.media import make_image_bytes  # noqa: E402
 from prep.sources.media import video_meta  # noqa: E402
-from prep.tokenize.processor_path import fetch_videos_with_pyav  # noqa: E402
 from schemas.dataset_config import VideoSampling  # noqa: E402
 from schemas.media_ref import MediaRef  # noqa: E402
+from tests.video_clips import real_processor, write_clips  # noqa: E402
 from train.encoder import PackEncoder  # noqa: E402
 
 SAMPLING = VideoSampling(fps=None)  # every frame: 11 -> chunks of 4, 4, 3 (the dataset's fps sampling: tokenize tests)
@@ -70,37 +81,18 @@ ONE_FRAME = 100 * TOLERANCE
 VIDEOS = {"a": (11, 6.0, 96, 64), "b": (8, 4.0, 96, 64), "c": (6, 25.0, 30, 58)}
 
 
-def _processor(processor_dir: Path) -> Any:
-    """The real processor, its video processor reading paths with transformers' own PyAV reader."""
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(str(processor_dir))
-
-    processor.video_processor.fetch_videos = fetch_videos_with_pyav  # prep's own PyAV reader
-    return processor
-
-
 def _sample(processor: Any, images: list[bytes], videos: list[Path], question: str, answer: str) -> Sample:
     from PIL import Image
     from transformers.image_utils import load_image
 
-    media = [{"type": "image"}] * len(images) + [{"type": "video"}] * len(videos)
-    user = [{"role": "user", "content": [*media, {"type": "text", "text": question}]}]
-    reply = [{"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+    media = ["image"] * len(images) + ["video"] * len(videos)
     kwargs: dict[str, Any] = {"do_sample_frames": False}
     if images:
         kwargs["images"] = [load_image(Image.open(io.BytesIO(data))) for data in images]
     if videos:
         kwargs["videos"] = [str(p) for p in videos]
-    full = processor(text=[processor.apply_chat_template(user + reply, tokenize=False)], return_tensors="pt", **kwargs)
-    prompt_text = processor.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-    prompt = processor(text=[prompt_text], return_tensors="pt", **kwargs)
-    n = prompt["input_ids"].shape[1]
-    assert torch.equal(full["input_ids"][0, :n], prompt["input_ids"][0])
-    mask = torch.zeros(full["input_ids"].shape[1], dtype=torch.uint8)
-    mask[n:] = 1
-    inputs = {k: v for k, v in full.items() if isinstance(v, torch.Tensor) and k != "attention_mask"}
-    return Sample(None, inputs, mask)  # type: ignore[arg-type]
+    full, mask = processed(processor, *turns(media, question, answer), return_tensors="pt", **kwargs)
+    return Sample(None, model_inputs(full), mask)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +100,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Setup, Any]:
     root = tmp_path_factory.mktemp("kimi_k25_video")
     torch.manual_seed(0)
     family = make_family("kimi_k25", root)
-    processor = _processor(family.processor_dir)
-    paths = {k: write_video(root / f"{k}.mp4", *spec, seed=i) for i, (k, spec) in enumerate(VIDEOS.items())}
+    processor = real_processor(family.processor_dir)
+    paths = write_clips(root, VIDEOS)
     bundle = load_processor(str(family.processor_dir))
     counter = KimiK25Counter.from_processor(bundle)
     samples, media = [], []
@@ -120,28 +112,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Setup, Any]:
             media.append(stored_image(bundle, data, sample=index, member=f"img{len(media):04d}.jpg"))
         for name in names:  # what prep tokenize stores: the counter on the header
             count = counter.count_video(video_meta(MediaRef(path=str(paths[name]))), SAMPLING)
-            item = media_item(
-                "video",
-                paths[name].read_bytes(),
-                sample=index,
-                grid_thw=(count.grid_t, count.grid_h, count.grid_w),
-                member=f"vid{len(media):04d}.mp4",
-                frame_indices=count.frame_indices,
-                num_tokens=count.num_tokens,
-                num_tiles=count.num_tiles,
-            )
-            media.append(item)
+            media.append(counted_item(paths[name].read_bytes(), count, sample=index, member=f"vid{len(media):04d}.mp4"))
     model = tiny_model(family)
     with torch.no_grad():  # random init leaves the vision features a faint part of the embeddings
         model.model.vision_tower.patch_embed.proj.weight.mul_(VISION_GAIN)
-    pack = loaded_pack(
-        key="pack-video",
-        input_ids=np.concatenate([s.input_ids[0].numpy() for s in samples]),
-        loss_mask=np.concatenate([s.loss_mask.numpy() for s in samples]),
-        lengths=[s.input_ids.shape[1] for s in samples],
-        sample_ids=[f"sample-{i}" for i in range(len(samples))],
-        media=media,
-    )
+    pack = samples_pack(samples, media, key="pack-video")
     encoder = PackEncoder.from_pretrained(str(family.processor_dir), str(family.model_dir))
     built = Setup(
         family=family,

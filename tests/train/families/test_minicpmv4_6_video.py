@@ -29,27 +29,27 @@ pytest.importorskip("torchvision")
 pytest.importorskip("av")
 
 from PIL import Image  # noqa: E402
-from transformers import AutoProcessor  # noqa: E402
 from transformers.image_utils import load_image  # noqa: E402
 
 from families.processor import load_processor  # noqa: E402
-from prep.example.media import write_video  # noqa: E402
 from prep.sources.conversation import Conversation, MediaItem  # noqa: E402
 from prep.tokenize.core import SampleTokenizer  # noqa: E402
-from prep.tokenize.processor_path import fetch_videos_with_pyav  # noqa: E402
 from schemas.dataset_config import VideoSampling  # noqa: E402
 from schemas.media_ref import MediaRef  # noqa: E402
 from tests.train.families.test_qwen3_5 import long_memory, modeling_modules, unmodified_transformers  # noqa: E402
 from tests.train.models import (  # noqa: E402
+    counted_item,
     grads_of,
     loaded_pack,
     make_family,
     max_grad_error,
-    media_item,
+    processed,
     reference,
     scatter_truth,
     tiny_model,
+    turns,
 )
+from tests.video_clips import Clip, real_processor, write_clips  # noqa: E402
 from train.batch import IGNORE_INDEX  # noqa: E402
 from train.encoder import PackEncoder  # noqa: E402
 from train.forward import packed_forward  # noqa: E402
@@ -57,35 +57,22 @@ from train.loss import per_token_losses, token_loss_sum  # noqa: E402
 
 TOLERANCE = 1e-5
 KEYS = ("input_ids", "pixel_values", "target_sizes", "pixel_values_videos", "target_sizes_videos")
-
-
-def real_processor(processor_dir: Path) -> Any:
-    processor = AutoProcessor.from_pretrained(str(processor_dir))
-
-    processor.video_processor.fetch_videos = fetch_videos_with_pyav  # prep's own PyAV reader
-    return processor
+CLIPS = {
+    "a": Clip(8, 4.0, 64, 48, seed=1),  # 2 s: frames 0, 4, unsliced
+    "b": Clip(5, 2.0, 500, 460, seed=2),  # 2.5 s: frames 0, 2, 4, each 1x2 slices
+}
 
 
 class Alone:
     """One conversation through the real processor: `tests.train.models.reference`'s sample."""
 
     def __init__(self, processor: Any, media: list[Path], question: str, answer: str) -> None:
-        content: list[dict[str, str]] = [{"type": "video" if p.suffix == ".mp4" else "image"} for p in media]
-        user = [{"role": "user", "content": [*content, {"type": "text", "text": question}]}]
-        reply = [{"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+        user, reply = turns(["video" if p.suffix == ".mp4" else "image" for p in media], question, answer)
         images = [load_image(str(p)) for p in media if p.suffix != ".mp4"] or None
         videos = [str(p) for p in media if p.suffix == ".mp4"] or None
-        full = processor(
-            text=[processor.apply_chat_template(user + reply, tokenize=False)], images=images, videos=videos
-        )
-        prompt_text = processor.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-        prompt = processor(text=[prompt_text], images=images, videos=videos)
-        n = prompt["input_ids"].shape[1]
-        assert torch.equal(full["input_ids"][0, :n], prompt["input_ids"][0])
+        full, self.loss_mask = processed(processor, user, reply, images=images, videos=videos)
         self.inputs = {k: full[k] for k in KEYS if k in full}
         self.input_ids = self.inputs["input_ids"]
-        self.loss_mask = torch.zeros(self.input_ids.shape[1], dtype=torch.uint8)
-        self.loss_mask[n:] = 1
         self.labels = torch.where(self.loss_mask.bool()[None], self.input_ids, IGNORE_INDEX)
         self.media = media
         self.conversation = Conversation(
@@ -104,8 +91,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     processor = real_processor(tiny.processor_dir)
     image = root / "wide.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (448, 600, 3), dtype=np.uint8)).save(image)
-    clip_a = write_video(root / "a.mp4", 8, 4.0, 64, 48, seed=1)  # 2 s: frames 0, 4, unsliced
-    clip_b = write_video(root / "b.mp4", 5, 2.0, 500, 460, seed=2)  # 2.5 s: frames 0, 2, 4, each 1x2 slices
+    clip_a, clip_b = write_clips(root, CLIPS).values()
     samples = [
         Alone(processor, [], "Hello there, how are you?", "Fine, thanks."),
         Alone(processor, [clip_a], "What happens in the clip?", "Colours move slowly."),
@@ -120,18 +106,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     media = []
     for i, (sample, tok) in enumerate(zip(samples, tokenized, strict=True)):
         for path, (_, count) in zip(sample.media, tok.media, strict=True):
-            media.append(
-                media_item(
-                    count.kind,
-                    path.read_bytes(),
-                    sample=i,
-                    grid_thw=(count.grid_t, count.grid_h, count.grid_w),
-                    member=f"{count.kind}{len(media):04d}{path.suffix}",
-                    frame_indices=count.frame_indices,
-                    num_tokens=count.num_tokens,
-                    num_tiles=count.num_tiles,
-                )
-            )
+            member = f"{count.kind}{len(media):04d}{path.suffix}"
+            media.append(counted_item(path.read_bytes(), count, sample=i, member=member))
     pack = loaded_pack(
         key="pack-video",
         input_ids=np.concatenate([np.asarray(t.input_ids) for t in tokenized]),
