@@ -303,10 +303,17 @@ class SymbolicTemplate:
         namespace["str_join"] = namespace["markup_join"] = self._str_join
 
     def render(self, tracer: Tracer, **variables: Any) -> tuple[Pieces, list[Check]]:
-        """The render's pieces and its checks; raises :class:`Abort` or whatever the template raises."""
+        """The render's pieces and its checks; raises :class:`Abort` or whatever the template raises.
+
+        Runs the compiled render function as ``Template.render`` does, without its exception
+        handler: that handler re-raises from a frame holding the exception (a reference cycle
+        keeping every caller's frame, and the worker's tokenizer and LMDB environments, alive
+        until the cyclic collector runs), and a render that aborts is an everyday event here.
+        """
         self._tracer_box[0] = tracer
         tracer.checks = []
-        out = self.template.render(**variables)
+        template = self.template
+        out = template.environment.concat(template.root_render_func(template.new_context(variables)))
         pieces = out._pieces if isinstance(out, Sym) else _merged([str(out)])
         return pieces, tracer.checks
 

@@ -232,3 +232,34 @@ def test_texts_the_template_rewrites_render_for_real(bundles, family, reply, ser
     after = (cached.spans.stats.hits, cached.spans.stats.served, cached.spans.stats.fallbacks)
     assert after[0] == before[0] + 1  # the same shape
     assert (after[1] > before[1], after[2] > before[2]) == (served, not served)
+
+
+class _Owner:
+    """Stands for the worker's tokenizer: referenced only from the frame that renders."""
+
+
+def _render_from(owner: _Owner, renderer: ChatRenderer, messages: list[dict[str, Any]]) -> None:
+    assert owner is not None  # the frame holds ``owner`` while the render runs
+    render_with_spans(renderer.tokenizer, renderer.template, messages, renderer=renderer)
+
+
+def test_an_aborted_symbolic_render_keeps_no_caller_alive(bundles):
+    """A symbolic render that aborts (``| int`` on a text) must not leave a reference cycle through
+    the frames of its callers: `prep tokenize` in one process then kept the worker's tokenizer and
+    its LMDB environment open until the cyclic collector ran, and `prep pack` failed opening it."""
+    import gc
+    import weakref
+
+    tokenizer = bundles["qwen2_vl"].tokenizer
+    renderer = ChatRenderer(tokenizer, NUMERIC)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "7"}]
+    owner = _Owner()
+    alive = weakref.ref(owner)
+    gc.disable()
+    try:
+        _render_from(owner, renderer, messages)
+        assert renderer.spans is not None and renderer.spans.stats.misses == 1
+        del owner
+        assert alive() is None, "a reference cycle from the aborted render holds the caller's frame"
+    finally:
+        gc.enable()
