@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2 import pass_eval_context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 Piece = str | int  # literal template text, or the index of a text slot
@@ -250,6 +251,7 @@ class SymbolicEnvironment(ImmutableSandboxedEnvironment):
         )
         string = self.filters["string"]
         self.filters["string"] = lambda value: value if isinstance(value, Sym) else string(value)
+        self.filters["join"] = _symbolic_join(self.filters["join"], tracer_box)
 
     def _concat(self, parts: Iterable[str]) -> Any:
         parts = list(parts)
@@ -263,6 +265,28 @@ class SymbolicEnvironment(ImmutableSandboxedEnvironment):
                 return join_values([left, right], self._tracer_box[0])
             raise Abort(f"operator {operator} on a text value")
         return super().call_binop(context, operator, left, right)
+
+
+def _symbolic_join(join: Callable[..., Any], tracer_box: list[Tracer]) -> Callable[..., Any]:
+    """jinja's ``join`` filter, joining text values symbolically (``str(d).join(map(str, items))``
+    with each text a slot); anything else it reads (an attribute, autoescape, a text as the
+    separator or as the sequence) goes to the original, which aborts on a symbol."""
+
+    @pass_eval_context
+    def _join(eval_ctx: Any, value: Any, d: Any = "", attribute: Any = None) -> Any:
+        if attribute is not None or eval_ctx.autoescape or isinstance(d, (Sym, SymStr)) or isinstance(value, Sym):
+            return join(eval_ctx, value, d, attribute)
+        items = list(value)
+        if not any(isinstance(item, (Sym, SymStr)) for item in items):
+            return join(eval_ctx, items, d, attribute)
+        parts: list[object] = []
+        for i, item in enumerate(items):
+            if i:
+                parts.append(str(d))
+            parts.append(item if isinstance(item, (Sym, SymStr)) else str(item))
+        return join_values(parts, tracer_box[0])
+
+    return _join
 
 
 def _finalize(value: Any) -> Any:

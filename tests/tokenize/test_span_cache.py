@@ -234,6 +234,24 @@ def test_texts_the_template_rewrites_render_for_real(bundles, family, reply, ser
     assert (after[1] > before[1], after[2] > before[2]) == (served, not served)
 
 
+def test_items_the_template_joins_are_served_from_the_cache(bundles):
+    """MiniCPM-V 4.6's template joins a message's items with ``| join('\\n')``: the joined texts stay
+    symbolic, so a second conversation of that shape is served (and equals the oracle)."""
+    bundle = bundles["minicpmv4_6"]
+    cached = ChatRenderer(bundle.tokenizer, bundle.chat_template)
+    oracle = _oracle(bundle.tokenizer, bundle.chat_template)
+
+    def conversation(question: str, reply: str) -> list[dict[str, Any]]:
+        items = [{"type": "image"}, {"type": "text", "text": question}, {"type": "text", "text": "Be brief."}]
+        return [{"role": "user", "content": items}, {"role": "assistant", "content": reply}]
+
+    for messages in (conversation("What is it?", "A cat."), conversation("And this one?", "A dog.")):
+        assert _result(cached, messages, None) == _result(oracle, messages, None)
+    assert cached.spans is not None
+    assert (cached.spans.stats.hits, cached.spans.stats.fallbacks) == (1, 0)
+    assert cached.spans.stats.served > 0
+
+
 class _Owner:
     """Stands for the worker's tokenizer: referenced only from the frame that renders."""
 
