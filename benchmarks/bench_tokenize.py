@@ -58,20 +58,27 @@ def make_dataset(root: Path, num_samples: int, seed: int) -> Path:
         path = media / f"img{i}.jpg"
         Image.fromarray(img).save(path, quality=90)
         paths.append(path.name)
+    rows = []
+    for i in range(num_samples):
+        k = int(rng.integers(1, 4))
+        imgs = [paths[int(j)] for j in rng.integers(0, len(paths), k)]
+        turns = [
+            {"role": "user", "content": "<image>" * k + f"Describe picture set {i} in detail."},
+            {
+                "role": "assistant",
+                "content": "It shows " + " ".join(["colourful gradients"] * int(rng.integers(5, 40))),
+            },
+            {"role": "user", "content": "And the mood?"},
+            {"role": "assistant", "content": "Calm."},
+        ]
+        rows.append({"messages": turns, "images": imgs})
+    return write_dataset(root, rows)
+
+
+def write_dataset(root: Path, rows: list[dict[str, object]]) -> Path:
+    """``rows`` as ShareGPT JSONL beside its ``dataset_info.json`` (media under ``root/media``)."""
     with open(root / "bench.jsonl", "w", encoding="utf-8") as fh:
-        for i in range(num_samples):
-            k = int(rng.integers(1, 4))
-            imgs = [paths[int(j)] for j in rng.integers(0, len(paths), k)]
-            turns = [
-                {"role": "user", "content": "<image>" * k + f"Describe picture set {i} in detail."},
-                {
-                    "role": "assistant",
-                    "content": "It shows " + " ".join(["colourful gradients"] * int(rng.integers(5, 40))),
-                },
-                {"role": "user", "content": "And the mood?"},
-                {"role": "assistant", "content": "Calm."},
-            ]
-            fh.write(json.dumps({"messages": turns, "images": imgs}) + "\n")
+        fh.writelines(json.dumps(row) + "\n" for row in rows)
     config = {"bench": {"file_name": "bench.jsonl", "formatting": "sharegpt", "media_dir": "media"}}
     (root / "dataset_info.json").write_text(json.dumps(config))
     return root / "dataset_info.json"
@@ -92,20 +99,18 @@ def make_video_dataset(root: Path, num_samples: int, seed: int) -> Path:
     for i, (frames, fps, width, height) in enumerate(CLIPS):
         write_video(media / f"clip{i}.mp4", frames, fps, width, height, seed=i)
         names.append(f"clip{i}.mp4")
-    with open(root / "bench.jsonl", "w", encoding="utf-8") as fh:
-        for i in range(num_samples):
-            k = 2 if i % 5 == 4 else 1
-            videos = [names[int(j)] for j in rng.integers(0, len(names), k)]
-            turns = [
-                {"role": "user", "content": "<video>" * k + f"What happens in clip set {i}?"},
-                {"role": "assistant", "content": "It shows " + " ".join(["moving stripes"] * int(rng.integers(5, 40)))},
-                {"role": "user", "content": "And at the end?"},
-                {"role": "assistant", "content": "They stop."},
-            ]
-            fh.write(json.dumps({"messages": turns, "videos": videos}) + "\n")
-    config = {"bench": {"file_name": "bench.jsonl", "formatting": "sharegpt", "media_dir": "media"}}
-    (root / "dataset_info.json").write_text(json.dumps(config))
-    return root / "dataset_info.json"
+    rows = []
+    for i in range(num_samples):
+        k = 2 if i % 5 == 4 else 1
+        videos = [names[int(j)] for j in rng.integers(0, len(names), k)]
+        turns = [
+            {"role": "user", "content": "<video>" * k + f"What happens in clip set {i}?"},
+            {"role": "assistant", "content": "It shows " + " ".join(["moving stripes"] * int(rng.integers(5, 40)))},
+            {"role": "user", "content": "And at the end?"},
+            {"role": "assistant", "content": "They stop."},
+        ]
+        rows.append({"messages": turns, "videos": videos})
+    return write_dataset(root, rows)
 
 
 def video_path_of(processor_dir: Path) -> str | None:
