@@ -46,22 +46,29 @@ SIZES = [(640, 480), (1024, 768), (1280, 720), (1920, 1080), (800, 1200), (2048,
 
 
 def make_dataset(root: Path, num_samples: int, seed: int) -> Path:
-    """Image-heavy ShareGPT JSONL: 1-3 smooth JPEG photos per sample, multi-turn text."""
+    """Image-heavy ShareGPT JSONL: 1-3 smooth JPEG photos per sample, multi-turn text.
+
+    Every image is a file of its own with a size of its own (the width and height of one of
+    :data:`SIZES` each moved by up to 10 %): a real dataset's samples do not share image files, and
+    a worker that remembers anything per file or per size must not be flattered here."""
     rng = np.random.default_rng(seed)
     media = root / "media"
     media.mkdir(parents=True)
+    counts = [int(rng.integers(1, 4)) for _ in range(num_samples)]
     paths = []
-    for i, (w, h) in enumerate(SIZES * 4):
+    for i in range(sum(counts)):
+        base_w, base_h = SIZES[int(rng.integers(0, len(SIZES)))]
+        w, h = (int(round(b * rng.uniform(0.9, 1.1))) for b in (base_w, base_h))
         yy, xx = np.mgrid[0:h, 0:w]
-        img = np.stack([(xx * (i + 1)) % 256, (yy * 3) % 256, (xx + yy + 40 * i) % 256], -1).astype(np.uint8)
+        img = np.stack([(xx * (i % 24 + 1)) % 256, (yy * 3) % 256, (xx + yy + 40 * i) % 256], -1).astype(np.uint8)
         img = np.clip(img + rng.integers(0, 12, img.shape), 0, 255).astype(np.uint8)
         path = media / f"img{i}.jpg"
         Image.fromarray(img).save(path, quality=90)
         paths.append(path.name)
     rows = []
-    for i in range(num_samples):
-        k = int(rng.integers(1, 4))
-        imgs = [paths[int(j)] for j in rng.integers(0, len(paths), k)]
+    taken = 0
+    for i, k in enumerate(counts):
+        imgs, taken = paths[taken : taken + k], taken + k
         turns = [
             {"role": "user", "content": "<image>" * k + f"Describe picture set {i} in detail."},
             {
