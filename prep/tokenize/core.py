@@ -35,11 +35,12 @@ from prep.sources.media import (
     video_header,
 )
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
+from prep.tokenize.encode import tokenize_rendered
 from prep.tokenize.expansion import expand_placeholders
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
 from prep.tokenize.runs import RunEncoder
 from prep.tokenize.sample import TokenizedSample
-from prep.tokenize.template import ChatRenderer, render_with_spans, tokenize_rendered
+from prep.tokenize.template import ChatRenderer, render_with_spans
 from schemas.dataset_config import VideoSampling
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
