@@ -125,9 +125,9 @@ def tokenize_rendered(tokenizer: Any, rendered: RenderedText, runs: RunEncoder |
     bos = tokenizer.bos_token
     add_special = not (bos is not None and rendered.text.startswith(bos))
     if runs is not None and rendered.media_spans:
-        input_ids, offsets = runs.encode(rendered.text, rendered.media_spans, add_special)
-    else:
-        input_ids, offsets = encode_offsets(tokenizer, rendered.text, add_special)
+        input_ids, mask = runs.encode_masked(rendered.text, rendered.media_spans, add_special, rendered.assistant_spans)
+        return TokenizedText(input_ids=input_ids, loss_mask=mask)
+    input_ids, offsets = encode_offsets(tokenizer, rendered.text, add_special)
     return TokenizedText(
         input_ids=input_ids, loss_mask=overlap_mask(offsets, rendered.assistant_spans, rendered.media_spans)
     )

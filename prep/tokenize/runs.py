@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from prep.tokenize.encode import encode_offsets
+from prep.tokenize.encode import encode_offsets, overlap_mask
 
 Run = tuple[int, int, str, int]  # start, end in the expansion text, the token, copies
 MEMO_TEXTS = 256  # expansion texts whose runs a worker keeps (a Kimi K2.5 video's text: ~45 KB)
@@ -158,11 +159,46 @@ class RunEncoder:
         self, text: str, media_spans: tuple[tuple[int, int], ...], add_special_tokens: bool
     ) -> tuple[list[int], npt.NDArray[np.int64]]:
         """Ids and character offsets (n, 2) of ``text``, as ``tokenizer(text, return_offsets_mapping=True)``."""
-        runs = [] if getattr(self.tokenizer, "split_special_tokens", False) else self._absolute_runs(text, media_spans)
+        cut = self._cut(text, media_spans)
+        if cut is not None:
+            ids, offsets = self._plain(cut.text, add_special_tokens)
+            hits = cut.kept(ids, offsets)
+            if hits is not None:
+                return _expand_ids(ids, hits, cut), cut.expand_offsets(offsets, hits)
+        return self._plain(text, add_special_tokens)
+
+    def encode_masked(
+        self,
+        text: str,
+        media_spans: tuple[tuple[int, int], ...],
+        add_special_tokens: bool,
+        spans: list[tuple[int, int]],
+    ) -> tuple[list[int], npt.NDArray[np.uint8]]:
+        """:meth:`encode`'s ids and the loss mask of its offsets (:func:`~prep.tokenize.encode.overlap_mask`),
+        without the offsets of the run copies: every copy lies inside a media span, so its mask is 0
+        whatever ``spans`` are, and the kept copy's 0 is repeated (half the cost of a video text's
+        expansion went to offsets that only ever said so)."""
+        cut = self._cut(text, media_spans)
+        if cut is not None:
+            ids, offsets = self._plain(cut.text, add_special_tokens)
+            hits = cut.kept(ids, offsets)
+            if hits is not None:
+                mask = overlap_mask(cut.moved(offsets), spans, media_spans)
+                reps = np.ones(len(ids), dtype=np.int64)
+                reps[hits] = cut.copies
+                return _expand_ids(ids, hits, cut), np.repeat(mask, reps)
+        ids, offsets = self._plain(text, add_special_tokens)
+        return ids, overlap_mask(offsets, spans, media_spans)
+
+    def _cut(self, text: str, media_spans: tuple[tuple[int, int], ...]) -> _Cut | None:
+        """``text`` with each run cut to its first copy, or None where nothing is cut."""
+        if getattr(self.tokenizer, "split_special_tokens", False):
+            return None
+        runs = self._absolute_runs(text, media_spans)
         if not runs:
-            return self._plain(text, add_special_tokens)
+            return None
         pieces, prev, drop = [], 0, 0
-        starts, removed, copies, widths, ids = [], [], [], [], []
+        starts, removed, copies, widths, ids = [], [0], [], [], []
         for start, end, x, count in runs:
             pieces.append(text[prev : start + len(x)])
             starts.append(start - drop)  # the kept copy's start in the short text
@@ -173,9 +209,15 @@ class RunEncoder:
             ids.append(self.added[x][0])
             prev = end
         pieces.append(text[prev:])
-        short_ids, short_offsets = self._plain("".join(pieces), add_special_tokens)
-        expanded = self._expand(short_ids, short_offsets, starts, removed, copies, widths, ids)
-        return expanded if expanded is not None else self._plain(text, add_special_tokens)
+        return _Cut(
+            text="".join(pieces),
+            starts=np.asarray(starts, dtype=np.int64),
+            widths=np.asarray(widths, dtype=np.int64),
+            copies=np.asarray(copies, dtype=np.int64),
+            shift=np.asarray(removed, dtype=np.int64),
+            ids=ids,
+            counts=copies,
+        )
 
     def _absolute_runs(self, text: str, media_spans: tuple[tuple[int, int], ...]) -> list[Run]:
         runs: list[Run] = []
@@ -186,50 +228,65 @@ class RunEncoder:
     def _plain(self, text: str, add_special_tokens: bool) -> tuple[list[int], npt.NDArray[np.int64]]:
         return encode_offsets(self.tokenizer, text, add_special_tokens)
 
-    def _expand(
-        self,
-        ids: list[int],
-        offsets: npt.NDArray[np.int64],
-        starts: list[int],
-        removed: list[int],
-        copies: list[int],
-        widths: list[int],
-        run_ids: list[int],
-    ) -> tuple[list[int], npt.NDArray[np.int64]] | None:
-        """Each run's one copy back to ``copies`` ids, offsets back to the full text's; None where a
-        run's copy is not one token with its own offsets (then the full text is tokenized as it is).
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Cut:
+    """A text with each run cut to its first copy; per run (in text order) where that copy starts
+    in the short text, its width, copies, id; ``shift[r]``: characters dropped by runs before r."""
+
+    text: str
+    starts: npt.NDArray[np.int64]  # strictly increasing: the runs do not overlap
+    widths: npt.NDArray[np.int64]
+    copies: npt.NDArray[np.int64]
+    shift: npt.NDArray[np.int64]  # len(runs) + 1, from 0
+    ids: list[int]
+    counts: list[int]  # copies, as ints
+
+    def kept(self, ids: list[int], offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.intp] | None:
+        """The short text's token of each run's copy (in run order), or None where a copy is not one token
+        of its own offsets and id (then the full text is tokenized as it is).
 
         Whole-array steps, not one per run: a video expands to a run per frame (Gemma 4: 32) or per
         chunk (Kimi K2.5), and a loop over runs that scans every token made the runs cost more than
         the tokenizer call they save."""
-        token_ids = np.asarray(ids, dtype=np.int64)
-        run_starts = np.asarray(starts, dtype=np.int64)  # strictly increasing: the runs do not overlap
-        run_widths = np.asarray(widths, dtype=np.int64)
-        run_copies = np.asarray(copies, dtype=np.int64)
         # the one run a token can be the kept copy of: the run starting where the token starts
-        run = np.minimum(np.searchsorted(run_starts, offsets[:, 0]), len(starts) - 1)
-        kept = (
-            (run_starts[run] == offsets[:, 0])
-            & (offsets[:, 1] == offsets[:, 0] + run_widths[run])
-            & (token_ids == np.asarray(run_ids, dtype=np.int64)[run])
-        )
-        hits = np.flatnonzero(kept)  # short-text token indices, in run order
-        hit_runs = run[hits]
-        if not np.array_equal(hit_runs, np.arange(len(starts))):  # each run's copy exactly once
+        run = np.minimum(np.searchsorted(self.starts, offsets[:, 0]), len(self.starts) - 1)
+        at = (self.starts[run] == offsets[:, 0]) & (offsets[:, 1] == offsets[:, 0] + self.widths[run])
+        hits = np.flatnonzero(at)  # short-text token indices, in run order
+        if not np.array_equal(run[hits], np.arange(len(self.starts))):  # each run's copy exactly once
             return None
-        shift = np.concatenate([[0], np.asarray(removed, dtype=np.int64)])
-        # a position at or past a run's end in the short text moves by what that run dropped
-        moved = offsets + shift[np.searchsorted(run_starts + run_widths, offsets, side="right")]
-        reps = np.ones(len(ids), dtype=np.int64)
-        reps[hits] = run_copies
-        out_offsets = np.repeat(moved, reps, axis=0)
-        out_ids = np.repeat(token_ids, reps)
-        first_out = (np.cumsum(reps) - reps)[hits]  # each run's first output index
-        step = np.arange(int(run_copies.sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(run_copies) - run_copies, run_copies
+        if any(ids[h] != x for h, x in zip(hits.tolist(), self.ids)):
+            return None
+        return hits
+
+    def moved(self, offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Short-text offsets as the full text's: a position at or past a run's end moves by what it dropped."""
+        return offsets + self.shift[np.searchsorted(self.starts + self.widths, offsets, side="right")]
+
+    def expand_offsets(self, offsets: npt.NDArray[np.int64], hits: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
+        """The full text's offsets: each kept copy's row repeated ``copies`` times, one copy's width apart."""
+        reps = np.ones(len(offsets), dtype=np.int64)
+        reps[hits] = self.copies
+        out = np.repeat(self.moved(offsets), reps, axis=0)
+        first = (np.cumsum(reps) - reps)[hits]  # each run's first output index
+        step = np.arange(int(self.copies.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(self.copies) - self.copies, self.copies
         )
-        rows = np.repeat(first_out, run_copies) + step
-        begin = np.repeat(out_offsets[first_out, 0], run_copies) + step * np.repeat(run_widths, run_copies)
-        out_offsets[rows, 0] = begin
-        out_offsets[rows, 1] = begin + np.repeat(run_widths, run_copies)
-        return out_ids.tolist(), out_offsets
+        rows = np.repeat(first, self.copies) + step
+        width = np.repeat(self.widths, self.copies)
+        begin = np.repeat(out[first, 0], self.copies) + step * width
+        out[rows, 0] = begin
+        out[rows, 1] = begin + width
+        return out
+
+
+def _expand_ids(ids: list[int], hits: npt.NDArray[np.intp], cut: _Cut) -> list[int]:
+    """``ids`` with each run's kept copy (``hits``) repeated: a slice and a repeat per run, in C."""
+    out: list[int] = []
+    prev = 0
+    for hit, token, count in zip(hits.tolist(), cut.ids, cut.counts):
+        out += ids[prev:hit]
+        out += [token] * count
+        prev = hit + 1
+    out += ids[prev:]
+    return out
