@@ -14,11 +14,12 @@ pre-tokenizer, model, post-processor), and :func:`encode_offsets` calls that. An
 slow or remote-code tokenizer, an override, a backend left truncating) takes the ``__call__``.
 The one thing skipped is transformers' "sequence longer than model_max_length" log line.
 
-The offsets become one ``(n, 2)`` int64 array through ``np.fromiter`` over the flattened pairs
-(less than half of ``np.asarray`` on a list of tuples), and the mask is transformers' overlap rule
-(``return_assistant_tokens_mask``) on it, for any offsets: a token is trained on when its
-``[start, end)`` overlaps an assistant span (``start < span_end and end > span_start``), and
-never when it overlaps a media span.
+The mask is transformers' overlap rule (``return_assistant_tokens_mask``), for any offsets: a
+token is trained on when its ``[start, end)`` overlaps an assistant span (``start < span_end and
+end > span_start``), and never when it overlaps a media span. Where the offsets' starts and ends
+never decrease it takes two bisections per span (:func:`pairs_mask`), else one array test per
+span; an offsets array, where one is needed, is built by ``np.fromiter`` over the flattened pairs
+(less than half of ``np.asarray`` on a list of tuples).
 
 Example (``prep example --family qwen2_vl``'s tokenizer): ``"<|im_start|>assistant\\nHi<|im_end|>"``
 with the assistant span ``Hi<|im_end|>`` (characters 22-34) -> offsets ``(0, 12) (12, 21) (21, 22)
@@ -27,7 +28,9 @@ with the assistant span ``Hi<|im_end|>`` (characters 22-34) -> offsets ``(0, 12)
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +64,7 @@ class TokenizedText:
 
 
 _REDUCES: dict[type, bool] = {}  # per tokenizer class
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def _reduces_to_backend(cls: type) -> bool:
@@ -89,17 +93,51 @@ def direct_backend(tokenizer: Any) -> Any | None:
     return backend
 
 
-def encode_offsets(tokenizer: Any, text: str, add_special_tokens: bool) -> tuple[list[int], npt.NDArray[np.int64]]:
-    """Ids and character offsets (n, 2) of ``text``, as ``tokenizer(text, return_offsets_mapping=True)``."""
+def encode_pairs(tokenizer: Any, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids and ``(start, end)`` character offsets of ``text``, as ``tokenizer(text, return_offsets_mapping=True)``."""
     backend = direct_backend(tokenizer)
     if backend is not None:
         enc = backend.encode(text, add_special_tokens=add_special_tokens)
-        ids, offsets = enc.ids, enc.offsets
-    else:
-        call = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-        ids, offsets = list(call["input_ids"]), call["offset_mapping"]
-    flat = np.fromiter(itertools.chain.from_iterable(offsets), dtype=np.int64, count=2 * len(offsets))
-    return ids, flat.reshape(-1, 2)
+        return enc.ids, enc.offsets
+    call = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+    return list(call["input_ids"]), call["offset_mapping"]
+
+
+def encode_offsets(tokenizer: Any, text: str, add_special_tokens: bool) -> tuple[list[int], npt.NDArray[np.int64]]:
+    """:func:`encode_pairs` with the offsets as one (n, 2) array."""
+    ids, pairs = encode_pairs(tokenizer, text, add_special_tokens)
+    return ids, _as_array(pairs)
+
+
+def _as_array(pairs: list[tuple[int, int]]) -> npt.NDArray[np.int64]:
+    flat = np.fromiter(itertools.chain.from_iterable(pairs), dtype=np.int64, count=2 * len(pairs))
+    return flat.reshape(-1, 2)
+
+
+def pairs_mask(
+    pairs: list[tuple[int, int]], spans: list[tuple[int, int]], media_spans: tuple[tuple[int, int], ...]
+) -> npt.NDArray[np.uint8]:
+    """:func:`overlap_mask` of offsets as the tokenizer gives them, without an array where it can.
+
+    Where starts and ends both never decrease (the usual case), the tokens a span ``[s, e)``
+    overlaps are exactly those from the first whose end exceeds ``s`` to the last whose start is
+    below ``e``: two bisections per span. Otherwise (out-of-order offsets) every token is tested."""
+    if not spans:
+        return np.zeros(len(pairs), dtype=np.uint8)
+    starts = list(map(_FIRST, pairs))
+    ends = list(map(_SECOND, pairs))
+    if starts != sorted(starts) or ends != sorted(ends):
+        return overlap_mask(_as_array(pairs), spans, media_spans)
+    mask = bytearray(len(pairs))
+    for start, end in spans:
+        lo, hi = bisect.bisect_right(ends, start), bisect.bisect_left(starts, end)
+        if hi > lo:
+            mask[lo:hi] = b"\x01" * (hi - lo)
+    for start, end in media_spans:
+        lo, hi = bisect.bisect_right(ends, start), bisect.bisect_left(starts, end)
+        if hi > lo:
+            mask[lo:hi] = bytes(hi - lo)
+    return np.frombuffer(mask, dtype=np.uint8)
 
 
 def overlap_mask(
@@ -127,7 +165,7 @@ def tokenize_rendered(tokenizer: Any, rendered: RenderedText, runs: RunEncoder |
     if runs is not None and rendered.media_spans:
         input_ids, mask = runs.encode_masked(rendered.text, rendered.media_spans, add_special, rendered.assistant_spans)
         return TokenizedText(input_ids=input_ids, loss_mask=mask)
-    input_ids, offsets = encode_offsets(tokenizer, rendered.text, add_special)
+    input_ids, pairs = encode_pairs(tokenizer, rendered.text, add_special)
     return TokenizedText(
-        input_ids=input_ids, loss_mask=overlap_mask(offsets, rendered.assistant_spans, rendered.media_spans)
+        input_ids=input_ids, loss_mask=pairs_mask(pairs, rendered.assistant_spans, rendered.media_spans)
     )

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from families.processor import load_processor
 from families.registry import example_families, example_family
-from prep.tokenize.encode import direct_backend, encode_offsets, tokenize_rendered
+from prep.tokenize.encode import direct_backend, encode_offsets, pairs_mask, tokenize_rendered
 from prep.tokenize.template import RenderedText
 
 FAMILIES = example_families()
@@ -119,3 +119,21 @@ def test_overrides_and_other_states_take_the_call(tokenizers):
 
 def _pairs(result: tuple[list[int], Any]) -> tuple[list[int], list[tuple[int, int]]]:
     return result[0], [tuple(o) for o in result[1].tolist()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_pairs_mask_is_the_overlap_rule_for_any_offsets(data):
+    """Monotone offsets (the bisection), empty ones, and out-of-order ones (a trailing (0, 0) EOS, shuffles)."""
+    n = data.draw(st.integers(0, 30))
+    bounds = sorted(data.draw(st.lists(st.integers(0, 60), min_size=2 * n, max_size=2 * n)))
+    pairs = [(bounds[2 * i], bounds[2 * i + 1]) for i in range(n)]
+    if data.draw(st.booleans()):
+        pairs = data.draw(st.permutations(pairs)) + data.draw(st.lists(st.just((0, 0)), max_size=2))
+    cut = st.integers(0, 61)
+    spans = [tuple(sorted(data.draw(st.tuples(cut, cut)))) for _ in range(data.draw(st.integers(0, 3)))]
+    media = tuple(tuple(sorted(data.draw(st.tuples(cut, cut)))) for _ in range(data.draw(st.integers(0, 2))))
+    got = pairs_mask(pairs, spans, media)  # type: ignore[arg-type]
+    inside = [any(a < e and b > s for s, e in spans) for a, b in pairs]
+    expect = [int(i and not any(a < e and b > s for s, e in media)) for i, (a, b) in zip(inside, pairs)]
+    assert got.dtype == np.uint8 and got.tolist() == expect
