@@ -35,11 +35,12 @@ from prep.sources.media import (
     video_header,
 )
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
+from prep.tokenize.encode import tokenize_rendered
 from prep.tokenize.expansion import expand_placeholders
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
 from prep.tokenize.runs import RunEncoder
 from prep.tokenize.sample import TokenizedSample
-from prep.tokenize.template import ChatRenderer, render_with_spans, tokenize_rendered
+from prep.tokenize.template import ChatRenderer, render_with_spans
 from schemas.dataset_config import VideoSampling
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
@@ -178,34 +179,33 @@ def splice_media(
     placeholder token would otherwise shift every item, as it breaks the real processor).
     Kinds absent from ``placeholders`` were expanded as text before tokenizing.
     """
-    queues = {token: [c for _, c in counts if c.kind == kind] for kind, token in placeholders.items()}
-    kind_of = {token: kind for kind, token in placeholders.items()}
-    positions = sorted(i for token in queues for i in _indices(ids, token))
-    found = {t: sum(1 for i in positions if ids[i] == t) for t in queues}
-    for token, items in queues.items():
-        if found[token] != len(items):
-            kind = kind_of[token]
+    found: list[tuple[int, tuple[int, ...]]] = []  # (placeholder position, the item's ids)
+    for kind, token in placeholders.items():
+        where = _indices(ids, token)
+        items = [c.expansion for _, c in counts if c.kind == kind]
+        if len(where) != len(items):
             raise SampleError(
                 Reason.MEDIA_TAG_MISMATCH,
-                f"rendered text has {found[token]} {kind} placeholder tokens for {len(items)} {kind}s "
+                f"rendered text has {len(where)} {kind} placeholder tokens for {len(items)} {kind}s "
                 "(does the text spell a placeholder token?)",
             )
+        found.extend(zip(where, items))
+    if not found:
+        return ids, mask
+    found.sort(key=lambda hit: hit[0])
+    # one output array, each text piece copied in once: no per-item zeros and concatenate
+    out_mask = np.zeros(len(ids) - len(found) + sum(len(e) for _, e in found), dtype=np.uint8)
     out_ids: list[int] = []
-    pieces: list[npt.NDArray[np.uint8]] = []
-    taken = {t: 0 for t in queues}
-    prev = 0
-    for pos in positions:
-        token = ids[pos]
-        expansion = queues[token][taken[token]].expansion
-        taken[token] += 1
-        out_ids.extend(ids[prev:pos])
-        out_ids.extend(expansion)
-        pieces.append(mask[prev:pos])
-        pieces.append(np.zeros(len(expansion), dtype=np.uint8))
+    prev = at = 0
+    for pos, expansion in found:
+        out_ids += ids[prev:pos]
+        out_ids += expansion
+        out_mask[at : at + pos - prev] = mask[prev:pos]
+        at += pos - prev + len(expansion)
         prev = pos + 1
-    out_ids.extend(ids[prev:])
-    pieces.append(mask[prev:])
-    return out_ids, np.concatenate(pieces) if pieces else mask
+    out_ids += ids[prev:]
+    out_mask[at:] = mask[prev:]
+    return out_ids, out_mask
 
 
 def _indices(ids: list[int], token: int) -> list[int]:

@@ -39,14 +39,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2.meta
-import numpy as np
-import numpy.typing as npt
 from jinja2 import nodes
 from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from packvlm.sample_error import SampleError
-from prep.tokenize.runs import RunEncoder
 from prep.tokenize.span_cache import (
     PointRender,
     RenderKey,
@@ -435,31 +432,3 @@ def _span_error(i: int, why: str) -> SampleError:
         f"chat template renders turn {i} (assistant) differently inside the full conversation than when the "
         f"conversation ends there, and {why}; cannot derive an assistant mask from it",
     )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TokenizedText:
-    input_ids: list[int]
-    loss_mask: npt.NDArray[np.uint8]  # same length
-
-
-def tokenize_rendered(tokenizer: Any, rendered: RenderedText, runs: RunEncoder | None = None) -> TokenizedText:
-    """Tokenize as the processor does (no second BOS when the template already starts with it).
-
-    ``runs``: the worker's :class:`RunEncoder`, which tokenizes a media expansion's runs of one
-    added token once (the same ids and offsets); without it the text goes to the tokenizer whole.
-    """
-    bos = tokenizer.bos_token
-    add_special = not (bos is not None and rendered.text.startswith(bos))
-    if runs is not None and rendered.media_spans:
-        input_ids, offsets = runs.encode(rendered.text, rendered.media_spans, add_special)
-    else:
-        enc = tokenizer(rendered.text, add_special_tokens=add_special, return_offsets_mapping=True)
-        input_ids = list(enc["input_ids"])
-        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-    mask = np.zeros(len(offsets), dtype=np.uint8)
-    for start, end in rendered.assistant_spans:
-        mask |= ((offsets[:, 0] < end) & (offsets[:, 1] > start)).astype(np.uint8)
-    for start, end in rendered.media_spans:
-        mask[(offsets[:, 0] < end) & (offsets[:, 1] > start)] = 0
-    return TokenizedText(input_ids=input_ids, loss_mask=mask)

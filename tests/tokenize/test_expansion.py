@@ -9,8 +9,9 @@ import pytest
 
 from families.qwen2_vl.processor_dir import build_processor_dir
 from packvlm.sample_error import SampleError
+from prep.tokenize.encode import tokenize_rendered
 from prep.tokenize.expansion import expand_placeholders
-from prep.tokenize.template import RenderedText, tokenize_rendered
+from prep.tokenize.template import RenderedText
 from schemas.reasons import Reason
 
 TOKEN = "<|image_pad|>"

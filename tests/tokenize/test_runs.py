@@ -58,6 +58,7 @@ def _check(tok, encoder: RunEncoder, expansions: list[str], seed: int) -> int:
         for add_special in (False, True):
             ids, offsets = encoder.encode(text, spans, add_special)
             assert (ids, offsets.tolist()) == _truth(tok, text, add_special), text
+            _check_mask(tok, encoder, text, spans, add_special)
         compressed += bool(encoder._absolute_runs(text, spans))
     return compressed
 
@@ -104,3 +105,16 @@ def test_split_special_tokens_tokenizes_the_text_whole(gemma3):
     ids, offsets = encoder.encode(text, ((5, len(text) - 1),), False)
     assert (ids, offsets.tolist()) == _truth(tok, text, False)
     assert np.asarray(ids).size > 5
+
+
+def _check_mask(tok, encoder: RunEncoder, text: str, media: tuple[tuple[int, int], ...], add_special: bool) -> None:
+    """``encode_masked`` (no offsets for the run copies) against the overlap rule on the whole text's offsets,
+    for assistant spans around, inside and across the media spans."""
+    _, offsets = _truth(tok, text, add_special)
+    n = len(text)
+    for spans in ([], [(0, n)], [(0, n // 3), (n // 2, n)], [(a + 1, b + 2) for a, b in media], [(n // 4, n // 4 + 1)]):
+        ids, mask = encoder.encode_masked(text, media, add_special, spans)
+        inside = [any(a < e and b > s for s, e in spans) for a, b in offsets]
+        expect = [int(i and not any(a < e and b > s for s, e in media)) for i, (a, b) in zip(inside, offsets)]
+        assert ids == _truth(tok, text, add_special)[0]
+        assert mask.dtype == np.uint8 and mask.tolist() == expect, (spans, text[:200])

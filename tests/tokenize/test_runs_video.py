@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -67,6 +68,7 @@ def _check(tok: Any, encoder: RunEncoder, text: str, spans: tuple[tuple[int, int
     for add_special in (False, True):
         ids, offsets = encoder.encode(text, spans, add_special)
         assert (ids, offsets.tolist()) == _truth(tok, text, add_special), text[:200]
+        _check_mask(tok, encoder, text, spans, add_special)
     for a, b in spans:
         assert list(encoder.runs_in(text[a:b])) == _regex_runs(encoder, text[a:b])
 
@@ -173,3 +175,16 @@ def test_memo_keeps_the_newest_texts_and_evicted_texts_stay_exact(bundles):
     assert len(encoder.runs) == MEMO_TEXTS and texts[0] not in encoder.runs and texts[-1] in encoder.runs
     for expansion in (texts[0], texts[19], texts[-1]):  # evicted, evicted, kept
         _check(bundle.tokenizer, encoder, *_place([expansion], ["Frame 12", "x"]))
+
+
+def _check_mask(tok, encoder: RunEncoder, text: str, media: tuple[tuple[int, int], ...], add_special: bool) -> None:
+    """``encode_masked`` (no offsets for the run copies) against the overlap rule on the whole text's offsets,
+    for assistant spans around, inside and across the media spans."""
+    _, offsets = _truth(tok, text, add_special)
+    n = len(text)
+    for spans in ([], [(0, n)], [(0, n // 3), (n // 2, n)], [(a + 1, b + 2) for a, b in media], [(n // 4, n // 4 + 1)]):
+        ids, mask = encoder.encode_masked(text, media, add_special, spans)
+        inside = [any(a < e and b > s for s, e in spans) for a, b in offsets]
+        expect = [int(i and not any(a < e and b > s for s, e in media)) for i, (a, b) in zip(inside, offsets)]
+        assert ids == _truth(tok, text, add_special)[0]
+        assert mask.dtype == np.uint8 and mask.tolist() == expect, (spans, text[:200])

@@ -35,7 +35,8 @@ from families.processor import ProcessorBundle
 from families.registry import find_counter
 from prep.sources.conversation import Conversation
 from prep.tokenize.core import SampleTokenizer, splice_media
-from prep.tokenize.template import render_with_spans, tokenize_rendered
+from prep.tokenize.encode import tokenize_rendered
+from prep.tokenize.template import render_with_spans
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 from tests.tokenize.families import cases
