@@ -54,6 +54,7 @@ _STBL_CHILDREN = frozenset(
     {b"stsd", b"stts", b"stsc", b"stsz", b"stco", b"co64", b"stss", b"ctts", b"sdtp", b"sgpd", b"sbgp"}
 )
 _ENTRY_CHILDREN = frozenset({b"esds", b"avcC", b"btrt", b"pasp", b"colr", b"uuid"})
+_VOP_HEAD_BYTES = 64  # of the first MPEG-4 packet: its GOP and VOP headers
 _IPOD_UUID = bytes.fromhex("6b6840f25f244fc5ba39a51bcf0323f3")  # the ipod muxer's; libavformat skips it
 _AVC_HIGH_PROFILES = frozenset({100, 110, 122, 244, 44, 83, 86, 118, 128, 138, 139, 134, 135})
 
@@ -112,7 +113,7 @@ def _read(fh: IO[bytes]) -> Mp4Video:
         if offset + size > file_size:
             raise _Unsure
         fh.seek(offset)
-        _check_first_vop(fh.read(size), vol, video.width, video.height)
+        _check_first_vop(fh.read(min(size, _VOP_HEAD_BYTES)), size, vol, video.width, video.height)
     return video
 
 
@@ -165,10 +166,10 @@ def _ascii(data: bytes) -> None:
 
 
 def _box_list(data: bytes) -> list[tuple[bytes, bytes]]:
-    out, pos = [], 0
-    while pos < len(data):
+    out, pos, end = [], 0, len(data)
+    while pos < end:
         size, kind = struct.unpack_from(">I4s", data, pos)
-        if size < 8 or pos + size > len(data):
+        if size < 8 or pos + size > end:
             raise _Unsure
         out.append((kind, data[pos + 8 : pos + size]))
         pos += size
@@ -178,10 +179,10 @@ def _box_list(data: bytes) -> list[tuple[bytes, bytes]]:
 def _boxes(data: bytes, allowed: frozenset[bytes]) -> dict[bytes, bytes]:
     """A box's children by type: each once, each of an allowed type, filling ``data`` exactly."""
     out: dict[bytes, bytes] = {}
-    pos = 0
-    while pos < len(data):
+    pos, end = 0, len(data)
+    while pos < end:
         size, kind = struct.unpack_from(">I4s", data, pos)
-        if size < 8 or pos + size > len(data) or kind not in allowed or kind in out:
+        if size < 8 or pos + size > end or kind not in allowed or kind in out:
             raise _Unsure
         out[kind] = data[pos + 8 : pos + size]
         pos += size
@@ -191,9 +192,10 @@ def _boxes(data: bytes, allowed: frozenset[bytes]) -> dict[bytes, bytes]:
 def _traks(moov: bytes) -> list[bytes]:
     """The ``trak`` payloads in file order (the only repeated child of ``moov``)."""
     traks, rest, pos = [], bytearray(), 0
-    while pos < len(moov):
+    end = len(moov)
+    while pos < end:
         size, kind = struct.unpack_from(">I4s", moov, pos)
-        if size < 8 or pos + size > len(moov):
+        if size < 8 or pos + size > end:
             raise _Unsure
         if kind == b"trak":
             traks.append(moov[pos + 8 : pos + size])
@@ -377,7 +379,7 @@ def _chunks(stbl: dict[bytes, bytes]) -> tuple[int, int]:
 
 def _check_stsc(stsc: bytes, chunks: int) -> None:
     words = _table(stsc, 3)
-    if not words or words[0] != 1 or words[-3] > chunks or any(words[i] != 1 for i in range(2, len(words), 3)):
+    if not words or words[0] != 1 or words[-3] > chunks or words[2::3].count(1) != len(words) // 3:
         raise _Unsure  # one sample description, the last run inside the chunk table
 
 
@@ -607,9 +609,10 @@ def _parse_vol(config: bytes) -> _Vol:
     return _Vol(width, height, time_increment_bits)
 
 
-def _check_first_vop(sample: bytes, vol: _Vol, width: int, height: int) -> None:
+def _check_first_vop(sample: bytes, size: int, vol: _Vol, width: int, height: int) -> None:
     """The first packet is an I-VOP whose header ``decode_vop_header`` reads without error and
-    leaves the bits ``ff_h263_decode_frame`` asks for: then the decoder takes the VOL's size."""
+    leaves the bits ``ff_h263_decode_frame`` asks for: then the decoder takes the VOL's size.
+    ``sample`` is the packet's head, ``size`` its whole length."""
     vop = 0
     if sample.startswith(b"\0\0\1\xb3"):  # a GOP header (20 bits), then the scan for the next start code
         vop = sample.find(b"\0\0\1", 7)
@@ -631,5 +634,5 @@ def _check_first_vop(sample: bytes, vol: _Vol, width: int, height: int) -> None:
     if not bits.u(5):  # vop_quant
         raise _Unsure
     macroblocks = ((width + 15) // 16) * ((height + 15) // 16)
-    if macroblocks // 2 > bits.left:
+    if macroblocks // 2 > bits.left + 8 * (size - len(sample)):  # the bits left in the whole packet
         raise _Unsure

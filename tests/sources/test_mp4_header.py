@@ -210,21 +210,35 @@ BASES = {
 
 
 @pytest.mark.parametrize("base", sorted(BASES))
-def test_every_cut_and_every_changed_moov_byte_reads_the_same_both_ways(base: str, tmp_path: Path) -> None:
+def test_every_cut_and_every_changed_header_byte_reads_the_same_both_ways(base: str, tmp_path: Path) -> None:
     data = _base(base)
     path = tmp_path / "edited.mp4"
     served = 0
     for cut in range(len(data)):
         served += _assert_same_both_ways(data[:cut], path)
     span = _moov_span(data)
+    media = data.find(b"mdat") + 4  # the first packets: the MPEG-4 decoder takes its size once one decodes
     edited = bytearray(data)
-    for pos in [*range(0, 40), *span]:
+    for pos in [*range(0, 40), *span, *range(media, min(media + 64, len(data)))]:
         original = data[pos]
         for value in {original ^ 0xFF, original ^ 0x01, 0, original + 1 & 0xFF} - {original}:
             edited[pos] = value
             served += _assert_same_both_ways(bytes(edited), path)
         edited[pos] = original
     assert served > len(span)  # most bytes (times, names, flags, tables' padding) do not matter
+
+
+def test_a_first_mpeg4_packet_too_short_for_its_macroblocks_reads_the_same_both_ways(tmp_path: Path) -> None:
+    """libavcodec refuses a first frame with fewer bits than half its macroblock count (and the size
+    stays unset): the threshold, here 40 x 23 macroblocks, must be the parser's too."""
+    data = _clip("mp4", "mpeg4", 25, 2, (640, 360), options={"movflags": "faststart"})
+    stsz = data.find(b"stsz") + 4  # version and flags, one size for all (else 0), count, sizes
+    field = stsz + 4 if data[stsz + 4 : stsz + 8] != bytes(4) else stsz + 12
+    outcomes = set()
+    for size in range(40, 80):
+        edited = data[:field] + size.to_bytes(4, "big") + data[field + 4 :]
+        outcomes.add(_assert_same_both_ways(edited, tmp_path / "edited.mp4"))
+    assert outcomes == {False, True}  # both sides of the threshold were met
 
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -234,9 +248,10 @@ _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Heal
 @given(base=st.sampled_from(sorted(BASES)), edits=st.data())
 def test_random_multibyte_edits_read_the_same_both_ways(base: str, edits: st.DataObject, tmp_path: Path) -> None:
     data = bytearray(_base(base))
-    span = _moov_span(bytes(data))
+    media = data.find(b"mdat") + 4
+    spots = [*_moov_span(bytes(data)), *range(media, min(media + 64, len(data)))]
     for _ in range(edits.draw(st.integers(1, 6))):
-        pos = edits.draw(st.sampled_from(span))
+        pos = edits.draw(st.sampled_from(spots))
         data[pos] = edits.draw(st.integers(0, 255))
     _assert_same_both_ways(bytes(data), tmp_path / "edited.mp4")
 
