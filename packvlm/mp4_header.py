@@ -9,24 +9,32 @@ caller opens PyAV. What it vouches for, rule by rule as libavformat 62 (``mov.c`
 - Layout: the file starts with ``ftyp``; top-level boxes are only ``ftyp``, ``free``, ``skip``,
   ``wide``, ``mdat`` (several allowed) and one ``moov``, each wholly inside the file (a truncated
   file goes to PyAV), the ``moov`` before or after the media data. Fragmented files (``mvex``,
-  ``moof``), compressed or referenced movies, cover art (``covr`` makes an extra video stream) and
-  track references (``tref``: chapters, timecodes) go to PyAV.
-- Stream: PyAV's ``streams.video[0]`` is the first ``trak`` whose handler is ``vide``; every track
-  before it must have a ``soun`` handler (any other handler can turn into a video stream through
-  its sample entry's fourcc), and there must be no second ``vide`` track.
+  ``moof``), compressed or referenced movies, cover art (``covr`` makes an extra video stream),
+  track references (chapters, timecodes) and track-level user data go to PyAV.
+- Opening must not fail: libavformat reads every track, so every track's boxes must be whole and
+  consistent (sample tables filling their boxes, chunk and sample counts agreeing, data in this
+  file), every track a ``vide`` or ``soun`` one (another handler can turn into a video stream
+  through its sample entry), audio AAC whose AudioSpecificConfig libavcodec accepts; and PyAV
+  decodes every metadata string strictly as UTF-8 (brands, handler names, movie user data: text
+  outside ASCII goes to PyAV).
+- Stream: ``streams.video[0]`` is then the one ``vide`` track (a second one goes to PyAV).
 - Frames: ``stream.frames`` is ``nb_frames``, the sample count summed over ``stts`` (edit lists do
-  not change it); the ``stsz`` count must agree, every ``stts`` delta stay below the demuxer's
-  ``max_stts_delta`` (above it libavformat rewrites the table), one sample description, at most one
-  edit.
+  not change it); every ``stts`` delta must stay below the demuxer's ``max_stts_delta`` (above it
+  libavformat rewrites the table); one sample description, at most one edit per track.
 - Rate: ``average_rate`` is ``av_reduce(timescale * frames, sum of durations, INT_MAX)`` from
   ``mov_read_header`` (``avformat_find_stream_info`` keeps a rate the demuxer set); answered only
   when the reduced fraction fits ``INT_MAX`` exactly, and when the durations sum to more than 0.
-- Size: from the codec configuration the decoder reads, checked against the sample entry: H.264
-  (``avc1``, one SPS in ``avcC``, no scaling matrices, cropping only right and bottom; the cropped
-  SPS size must equal the sample entry's, so the container-cropping rule and a decoder that never
-  runs agree) and MPEG-4 Part 2 (``mp4v`` with object type 0x20; libavformat zeroes the entry's
-  size and lets the decoder take the VOL header's rectangular size; it must equal the entry's).
-  Every other codec goes to PyAV.
+- Size: H.264 (``avc1``): the sample entry's size, which the decoder keeps unless it decodes a
+  frame, and then the SPS's cropped size: vouched for when one SPS in ``avcC`` (no scaling
+  matrices, cropped only right and bottom) gives the same size. MPEG-4 Part 2 (``mp4v``, object
+  type 0x20): libavformat zeroes the size and the decoder sets the VOL header's once a first
+  frame's header decodes; vouched for when the configuration is sequence / object / one plain VOL
+  (rectangular, progressive, no sprites, 8-bit, H.263 quantisation, no complexity estimation,
+  partitioning, newpred or scalability) of the entry's size, no edit moves the start, and the first
+  packet is an I-VOP (after an optional GOP header) whose header decodes with at least half a bit
+  per macroblock left. Every other codec goes to PyAV.
+- Not followed: parameter sets repeated inside later packets (a stream whose in-band SPS or VOL
+  differs from its configuration could change the decoder's size while PyAV probes).
 
 Example::
 

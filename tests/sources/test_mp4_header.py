@@ -261,16 +261,18 @@ def _base(name: str) -> bytes:
     return BASES[name]()
 
 
-def test_a_table_cell_is_read_from_memory_and_num_bytes_is_its_size(tmp_path: Path) -> None:
-    """A Parquet cell goes through the same parser; ``video_header`` still sizes the cell."""
+@pytest.mark.parametrize("served", [True, False])
+def test_a_table_cell_is_read_from_memory_and_num_bytes_is_its_size(served: bool, tmp_path: Path) -> None:
+    """A Parquet cell goes through the same parser; one it hands back reaches PyAV from its start;
+    ``video_header`` still sizes the cell."""
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
 
-    data = _clip("mp4", "libx264", 25, 3, (16, 16))
+    data = _clip("mp4", "libx264", 25, 3, (16, 16), options=None if served else {"movflags": "frag_keyframe"})
+    assert (read_mp4_video(io.BytesIO(data)) is not None) == served
     pq.write_table(pa.table({"video": [data]}), tmp_path / "t.parquet")
     ref = MediaRef.table_cell(str(tmp_path / "t.parquet"), 0, ("video",), "clip.mp4")
     header = media.video_header(ref)
-    with mock.patch.object(media, "read_mp4_video", return_value=None):
-        assert media.video_header(ref) == header
+    (tmp_path / "clip.mp4").write_bytes(data)
+    assert header.meta == _pyav_outcome(tmp_path / "clip.mp4")
     assert header.num_bytes == len(data)
-    assert read_mp4_video(io.BytesIO(data)) is not None
