@@ -45,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import struct
@@ -440,6 +441,7 @@ class _Bits:
         return (k + 1) // 2 if k % 2 else -(k // 2)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of bytes many clips share
 def _avc_size(avcc: bytes) -> tuple[int, int]:
     """The cropped frame size of the one SPS in an ``avcC`` record (H.264 7.3.2.1.1)."""
     if len(avcc) < 8 or avcc[0] != 1 or avcc[5] & 0x1F != 1:
@@ -546,6 +548,7 @@ def _start_codes(data: bytes) -> list[int]:
     return out
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of bytes many clips share
 def _parse_vol(config: bytes) -> _Vol:
     """The decoder's reading of its configuration (``ff_mpeg4_parse_picture_header`` at init):
     sequence, object and user-data headers around one video object layer (ISO 14496-2 6.2.3)
