@@ -208,7 +208,7 @@ def video_header(ref: MediaRef) -> VideoHeader:
 def video_meta(ref: MediaRef) -> VideoMeta:
     """Frame count, fps and frame size from the container, without decoding frames.
 
-    MP4/MOV files are read from their ``moov`` box (`packvlm.mp4_header`, ~20x cheaper than
+    MP4/MOV files are read from their ``moov`` box (`packvlm.mp4_header`, ~5x cheaper than
     opening PyAV) where that parser vouches for PyAV's answer; everything else opens PyAV.
     """
     if ref.key is not None:

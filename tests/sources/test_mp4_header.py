@@ -145,7 +145,14 @@ def test_moov_before_or_after_the_media_data(codec: str, movflags: str, tmp_path
 
 @pytest.mark.parametrize("codec", SERVED_CODECS)
 @pytest.mark.parametrize(
-    "pts", [[0, 1, 3, 4, 9, 10, 30], [0, 40, 80, 1000, 1001, 1002, 1003], [0, 33, 67, 100, 133, 167, 1167]], ids=str
+    "pts",
+    [
+        [0, 1, 3, 4, 9, 10, 30],
+        [0, 40, 80, 1000, 1001, 1002, 1003],
+        [0, 33, 67, 100, 133, 167, 1167],
+        [sum(1 + i % 3 + i % 5 for i in range(k)) * 10 for k in range(60)],  # ~50 stts entries
+    ],
+    ids=["short", "pause", "ntsc_then_gap", "jitter60"],
 )
 def test_variable_frame_durations(codec: str, pts: list[int], tmp_path: Path) -> None:
     data = _clip("mp4", codec, 30, len(pts), (16, 16), pts=pts, time_base=Fraction(1, 1000))
