@@ -26,6 +26,7 @@ from families.processor import ProcessorBundle
 from families.registry import find_counter
 from packvlm.sample_error import SampleError
 from prep.sources.conversation import Conversation, MediaItem, MediaKind
+from prep.sources.header_memo import HeaderMemo
 from prep.sources.media import (
     DECODE_LIMIT_PIXELS,
     LmdbPool,
@@ -70,6 +71,7 @@ class SampleTokenizer:
         self.renderer = ChatRenderer(bundle.tokenizer, bundle.chat_template)
         self.runs = RunEncoder(bundle.tokenizer)
         self.lmdb = LmdbPool()
+        self.headers = HeaderMemo()
 
     def tokenize(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
         """Exact ids and loss mask of one conversation; a bad sample raises SampleError."""
@@ -160,7 +162,7 @@ class SampleTokenizer:
         """The counter's answer for one item (the ``index``-th of its kind), with its source and encoded size."""
         try:
             if kind == "image":
-                image = image_header(ref, self.lmdb, self.max_image_pixels)
+                image = self.headers.image_header(ref, self.lmdb, self.max_image_pixels)
                 return with_num_bytes(memo.image(image.width, image.height, index), image.num_bytes)
             video = video_header(ref)
             return with_num_bytes(memo.video(video.meta, sampling, index), video.num_bytes)
