@@ -69,7 +69,7 @@ frames 19 and 29 stacked tall) and 1 frame: 4 units.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -303,6 +303,7 @@ class MiniCPMV4_6Counter:
     tokenizer: Any  # the digits of <image_id>k</image_id> are text, tokenized alone
     markup_ids: dict[str, int]  # image_start_token ... image_id_end_token -> id
     newline_ids: tuple[int, ...]  # "\n" between slice rows, tokenized alone
+    _image_ids: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_processor(cls, bundle: ProcessorBundle) -> MiniCPMV4_6Counter:
@@ -359,10 +360,17 @@ class MiniCPMV4_6Counter:
         return replace(count, expansion=self._image_id(index) + count.expansion[len(first) :])
 
     def _image_id(self, index: int) -> tuple[int, ...]:
+        """``<image_id>k</image_id>`` in ids, tokenized once per k (the first 1024 kept)."""
+        found = self._image_ids.get(index)
+        if found is not None:
+            return found
         if not self.settings.use_image_id:
             return ()
         digits = self.tokenizer.encode(str(index), add_special_tokens=False)
-        return (self.markup_ids["image_id_start_token"], *digits, self.markup_ids["image_id_end_token"])
+        found = (self.markup_ids["image_id_start_token"], *digits, self.markup_ids["image_id_end_token"])
+        if len(self._image_ids) < 1024:
+            self._image_ids[index] = found
+        return found
 
     @property
     def counts_video(self) -> bool:

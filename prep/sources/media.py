@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import lmdb
 JPEG_END = b"\xff\xd9"
 PNG_END = b"IEND\xaeB`\x82"
+_END_MARKERS = {"JPEG": JPEG_END, "PNG": PNG_END}
 
 
 class MediaError(Exception):
@@ -137,15 +138,21 @@ def image_header(ref: MediaRef, pool: LmdbPool, max_pixels: int = DECODE_LIMIT_P
         return _read_header(io.BytesIO(pool.get(ref)), ref.format(), max_pixels)
     if ref.is_table_cell:
         return _read_header(io.BytesIO(_cell(ref)), ref.format(), max_pixels)
-    with open_media_file(ref.path, buffering=0) as fh:  # unbuffered: a JPEG header is one read
-        return _read_header(fh, ref.format(), max_pixels)
+    with _open_file(ref.path, buffering=0) as fh:  # unbuffered: a JPEG header is one read
+        return _read_header(fh, ref.path, max_pixels)
 
 
 @contextmanager
 def open_media_file(path: str, buffering: int = -1) -> Iterator[IO[bytes]]:
     """``path`` opened for reading; why it cannot be (missing, a directory, a loop, no permission) as `MediaError`."""
+    with _open_file(path, buffering) as fh:
+        yield fh
+
+
+def _open_file(path: str, buffering: int = -1) -> IO[bytes]:
+    """`open_media_file` without the generator (a few µs an image header)."""
     try:
-        fh = open(path, "rb", buffering=buffering)
+        return open(path, "rb", buffering=buffering)
     except FileNotFoundError as exc:
         raise MediaError(Reason.MISSING_MEDIA, f"file {path!r} does not exist") from exc
     except IsADirectoryError as exc:
@@ -156,8 +163,6 @@ def open_media_file(path: str, buffering: int = -1) -> Iterator[IO[bytes]]:
         if exc.errno == errno.ELOOP:
             raise MediaError(Reason.MISSING_MEDIA, f"{path!r} is a symlink loop") from exc
         raise
-    with fh:
-        yield fh
 
 
 def _read_header(fh: IO[bytes], uri: str, max_pixels: int) -> ImageHeader:
@@ -180,7 +185,7 @@ def _read_header(fh: IO[bytes], uri: str, max_pixels: int) -> ImageHeader:
 
 def _check_trailer(fh: IO[bytes], fmt: str | None, num_bytes: int, uri: str) -> None:
     """Truncated files pass a header read but fail to decode later: check the end marker."""
-    marker = {"JPEG": JPEG_END, "PNG": PNG_END}.get(fmt or "")
+    marker = _END_MARKERS.get(fmt or "")
     if marker is None:
         return
     start = fh.seek(max(0, num_bytes - 64))

@@ -21,11 +21,12 @@ from dataclasses import replace
 import numpy as np
 import numpy.typing as npt
 
-from families.counter import MediaCount, MediaCounter, MediaRejected, number_items
+from families.counter import MediaCount, MediaCounter, MediaRejected
 from families.processor import ProcessorBundle
 from families.registry import find_counter
 from packvlm.sample_error import SampleError
-from prep.sources.conversation import Conversation, MediaKind
+from prep.sources.conversation import Conversation, MediaItem, MediaKind
+from prep.sources.header_memo import HeaderMemo
 from prep.sources.media import (
     DECODE_LIMIT_PIXELS,
     LmdbPool,
@@ -35,6 +36,7 @@ from prep.sources.media import (
     video_header,
 )
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
+from prep.tokenize.count_memo import CountMemo, with_num_bytes
 from prep.tokenize.encode import tokenize_rendered
 from prep.tokenize.expansion import expand_placeholders
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
@@ -63,22 +65,26 @@ class SampleTokenizer:
         self.media_roots = tuple(os.path.realpath(r) for r in media_roots)
         factory = find_counter(bundle.processor_class)
         self.counter: MediaCounter | None = factory(bundle) if factory else None
+        self.memo = CountMemo(self.counter) if self.counter is not None else None
+        self.counts_video: bool = getattr(self.counter, "counts_video", True)  # a counter's settings are frozen
+        self._placeholder_text: dict[int, str] = {}
         self.content_lists = needs_content_lists(bundle.tokenizer, bundle.chat_template)
         self.renderer = ChatRenderer(bundle.tokenizer, bundle.chat_template)
         self.runs = RunEncoder(bundle.tokenizer)
         self.lmdb = LmdbPool()
+        self.headers = HeaderMemo()
 
     def tokenize(self, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
         """Exact ids and loss mask of one conversation; a bad sample raises SampleError."""
         conv = self.for_template(conv)
-        if self.counter is None:
+        if self.memo is None:
             self._check_image_sizes(conv)
             sample = tokenize_with_processor(self.bundle, conv, sampling, self.lmdb)
-        elif not getattr(self.counter, "counts_video", True) and any(m.kind == "video" for m in conv.media):
+        elif not self.counts_video and any(m.kind == "video" for m in conv.media):
             self._check_image_sizes(conv)
             sample = self._video_with_processor(conv, sampling)
         else:
-            sample = self._tokenize_closed_form(self.counter, conv, sampling)
+            sample = self._tokenize_closed_form(self.memo, conv, sampling)
         if self.max_length is not None and sample.num_tokens > self.max_length:
             raise SampleError(Reason.TOO_LONG, f"{sample.num_tokens} tokens > --max-length {self.max_length}")
         return sample
@@ -117,19 +123,16 @@ class SampleTokenizer:
                 f"{exc}",
             ) from exc
 
-    def _tokenize_closed_form(
-        self, counter: MediaCounter, conv: Conversation, sampling: VideoSampling
-    ) -> TokenizedSample:
-        refs = [item.ref.format() for item in conv.media]
-        found = [self._count(counter, item.kind, item.ref, sampling) for item in conv.media]
-        counts = list(zip(refs, number_items(counter, found), strict=True))
+    def _tokenize_closed_form(self, memo: CountMemo, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
+        counts = self._counts(memo, conv.media, sampling)
         rendered = render_with_spans(
             self.bundle.tokenizer, self.bundle.chat_template, conv.messages, conv.tools, renderer=self.renderer
         )
+        counter = memo.counter
         placeholders: dict[MediaKind, int] = {"image": counter.image_token_id, "video": counter.video_token_id}
         text_kinds = _text_level_kinds(counts)
         for kind in text_kinds:
-            token = self.bundle.tokenizer.convert_ids_to_tokens(placeholders[kind])
+            token = self._token_text(placeholders[kind])
             expansions = [str(c.expansion_text) for _, c in counts if c.kind == kind]
             rendered = expand_placeholders(rendered, token, expansions, kind)
         text = tokenize_rendered(self.bundle.tokenizer, rendered, self.runs)
@@ -137,18 +140,33 @@ class SampleTokenizer:
         ids, mask = splice_media(text.input_ids, text.loss_mask, counts, id_level)
         return TokenizedSample(input_ids=ids, loss_mask=mask, media=counts)
 
-    def _count(self, counter: MediaCounter, kind: MediaKind, ref: MediaRef, sampling: VideoSampling) -> MediaCount:
-        """The counter's answer for one item, with its source size and encoded size."""
+    def _token_text(self, token_id: int) -> str:
+        """A placeholder token's text, looked up once per worker."""
+        text = self._placeholder_text.get(token_id)
+        if text is None:
+            text = self._placeholder_text[token_id] = self.bundle.tokenizer.convert_ids_to_tokens(token_id)
+        return text
+
+    def _counts(self, memo: CountMemo, media: list[MediaItem], sampling: VideoSampling) -> list[tuple[str, MediaCount]]:
+        """Each item's formatted ref and count, numbered by its place among its sample's items of its kind."""
+        places = {"image": 0, "video": 0}
+        counts = []
+        for item in media:
+            index = places[item.kind]
+            places[item.kind] = index + 1
+            counts.append((item.ref.format(), self._count(memo, item.kind, item.ref, sampling, index)))
+        return counts
+
+    def _count(
+        self, memo: CountMemo, kind: MediaKind, ref: MediaRef, sampling: VideoSampling, index: int
+    ) -> MediaCount:
+        """The counter's answer for one item (the ``index``-th of its kind), with its source and encoded size."""
         try:
             if kind == "image":
-                image = image_header(ref, self.lmdb, self.max_image_pixels)
-                width, height, num_bytes = image.width, image.height, image.num_bytes
-                count = counter.count_image(width, height)
-            else:
-                video = video_header(ref)
-                width, height, num_bytes = video.meta.width, video.meta.height, video.num_bytes
-                count = counter.count_video(video.meta, sampling)
-            return replace(count, width=width, height=height, num_bytes=num_bytes)
+                image = self.headers.image_header(ref, self.lmdb, self.max_image_pixels)
+                return with_num_bytes(memo.image(image.width, image.height, index), image.num_bytes)
+            video = video_header(ref)
+            return with_num_bytes(memo.video(video.meta, sampling, index), video.num_bytes)
         except MediaError as exc:
             raise SampleError(exc.reason, str(exc)) from exc
         except MediaRejected as exc:
@@ -157,14 +175,13 @@ class SampleTokenizer:
 
 def _text_level_kinds(counts: list[tuple[str, MediaCount]]) -> tuple[MediaKind, ...]:
     """Kinds whose items expand as text; a counter must not mix text and id expansions in one kind."""
-    kinds: list[MediaKind] = []
-    for kind in ("image", "video"):
-        flags = {c.expansion_text is not None for _, c in counts if c.kind == kind}
-        if len(flags) > 1:
+    flags: dict[MediaKind, set[bool]] = {"image": set(), "video": set()}
+    for _, c in counts:
+        flags[c.kind].add(c.expansion_text is not None)
+    for kind, found in flags.items():
+        if len(found) > 1:
             raise ValueError(f"counter mixes text and id expansions for {kind}s")
-        if flags == {True}:
-            kinds.append(kind)
-    return tuple(kinds)
+    return tuple(kind for kind, found in flags.items() if found == {True})
 
 
 def splice_media(

@@ -122,6 +122,15 @@ def test_image_ids_count_per_sample_past_ten(bundle, images):
     assert [text.count(f"<image_id>{k}</image_id>") for k in range(12)] == [1] * 12
 
 
+def test_one_tokenizer_renumbers_remembered_sizes(bundle, images):
+    """One worker's tokenizer remembers each size per place (`prep.tokenize.count_memo`): a size met
+    first as image 0 and later as image 1 or 2 (and back) must carry the processor's ``<image_id>``."""
+    tok = SampleTokenizer(bundle)
+    for names in (["wide", "tall"], ["tall", "wide", "wide"], ["wide"], ["tall", "tall", "wide"]):
+        conv = _conv([("user", [*(images[n] for n in names), "And these?"]), ("assistant", ["Fine."])])
+        assert tok.tokenize(conv, VideoSampling()).input_ids == cases.flat_processor_ids(bundle, conv), names
+
+
 def test_video_is_counted_without_the_processor(bundle, tmp_path):
     """The counter module's worked example; against the real processor: test_minicpmv4_6_video.py (torchvision)."""
     clip = cases.write_video(tmp_path / "clip.mp4", 46, 30000 / 1001, 200, 120)
