@@ -156,21 +156,22 @@ def plain_text_slots(messages: Any, tools: Any) -> tuple[Hashable, list[str]] | 
     if tools is not None and not all(type(tool) is dict for tool in tools):
         return None
     texts: list[str] = []
-    shapes = []
-    for message in messages:
-        if type(message) is not dict:
-            return None
-        if any(value is None for value in message.values()):
-            message = {key: value for key, value in message.items() if value is not None}
-        reasoning = next((message[key] for key in REASONING_KEYS if message.get(key) is not None), None)
-        if reasoning is not None:
-            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
-        try:
-            shapes.append(_message_shape(message, texts))
-        except Unshaped:
-            return None
+    shapes: list[Hashable] = []
+    layout: list[Hashable] = []
     try:
-        return (tuple(shapes), _frozen(tools), _none_layout(messages)), texts
+        for message in messages:
+            if type(message) is not dict:
+                return None
+            if type(None) in map(type, message.values()):  # a value is None (types compare by identity)
+                layout.append(tuple(key if type(key) is str else _frozen(key) for key in message))
+                message = {key: value for key, value in message.items() if value is not None}
+            else:
+                layout.append(None)
+            reasoning = next((message[key] for key in REASONING_KEYS if message.get(key) is not None), None)
+            if reasoning is not None:
+                message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+            shapes.append(_message_shape(message, texts))
+        return (tuple(shapes), _frozen(tools), tuple(layout)), texts
     except Unshaped:
         return None
 

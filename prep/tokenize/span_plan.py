@@ -20,7 +20,7 @@ Example (ChatML, ``[user, assistant]``): full ``("<|im_start|>user\\n", 0,
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prep.tokenize.span_cache import PointRender, RenderKey, ShapeRenders
@@ -47,9 +47,13 @@ class SpanPlan:
     covered: frozenset[RenderKey]  # the shape's renders that built (their checks are ``checks``)
     turns: tuple[TurnPlan, ...]
     built: int  # renders of the shape tried when this plan was made (a later one makes a new plan)
+    testers: tuple[Callable[[list[str]], bool], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "testers", tuple(check.tester() for check in self.checks))
 
     def holds(self, texts: list[str]) -> bool:
-        return all(check.holds(texts) for check in self.checks)
+        return all(test(texts) for test in self.testers)
 
     def spans(self, texts: list[str]) -> dict[int, tuple[int, int]]:
         """The planned turns' spans (where the texts pass :meth:`holds`); a turn whose prefix render is
@@ -68,8 +72,9 @@ def span_plan(
 ) -> SpanPlan:
     """The shape's plan, made again when the span search built more of its renders since.
 
-    The first plan builds every assistant turn's prefix renders (where ``_turn_span`` starts); turn ``i``
-    is planned where both are prefixes of the full render piece by piece.
+    The first plan builds every assistant turn's generation-prompt render (where ``_turn_span`` starts) and,
+    where that is a prefix of the full render piece by piece, the turn's render; turn ``i`` is planned
+    where both are. (Any other render is built when the span search first asks for it.)
     """
     plan: SpanPlan | None = shape.plan
     if plan is not None and plan.built == len(shape.points):
@@ -77,8 +82,9 @@ def span_plan(
     assistants = [i for i, role in enumerate(roles) if i > 0 and not role != "assistant"]
     if plan is None:
         for i in assistants:
-            shape.point((i, True, None), sentinel_copy)
-            shape.point((i + 1, False, None), sentinel_copy)
+            head = shape.point((i, True, None), sentinel_copy)
+            if head is not None and is_piece_prefix(head.pieces, full.pieces):
+                shape.point((i + 1, False, None), sentinel_copy)
     points = {key: point for key, point in shape.points.items() if point is not None}
     turns = []
     for i in assistants:

@@ -97,6 +97,31 @@ class Check:
             return type(result) is list and result == [receiver]
         return type(result) is type(self.expected) and result == self.expected
 
+    def tester(self) -> Callable[[list[str]], bool]:
+        """:meth:`holds` as a function, specialised where the receiver is one slot and no argument is a text."""
+        receiver, args, expected = self.receiver, self.args, self.expected
+        if len(receiver) != 1 or type(receiver[0]) is not int or any(isinstance(a, SymArg) for a in args):
+            return self.holds
+        if any(isinstance(v, SymArg) for _, v in self.kwargs):
+            return self.holds
+        slot, fn, kwargs = receiver[0], _function(self.method), dict(self.kwargs)
+        same = self.expected == _SAME and isinstance(self.expected, str)
+        same_list = self.expected == _SAME_LIST and isinstance(self.expected, str)
+
+        def holds(texts: list[str]) -> bool:
+            text = texts[slot]
+            try:
+                result = fn(text, *args, **kwargs)
+            except Exception:  # as holds
+                return False
+            if same:
+                return type(result) is str and result == text
+            if same_list:
+                return type(result) is list and result == [text]
+            return type(result) is type(expected) and result == expected
+
+        return holds
+
 
 def _function(method: str) -> Callable[..., Any]:
     fn = _DUNDERS.get(method)

@@ -106,10 +106,12 @@ def render_with_spans(
     return renderer.render_with_spans(messages, tools)
 
 
-def _spans(conv: ConversationRenders, assistants: list[int], planned: dict[int, Span]) -> list[Span]:
+def _spans(conv: ConversationRenders, planned: dict[int, Span]) -> list[Span]:
     """Each assistant turn's span (``planned``: those a :class:`SpanPlan` gave), empty ones left out."""
     spans = []
-    for i in assistants:
+    for i, message in enumerate(conv.messages):
+        if message["role"] != "assistant":
+            continue
         start, end = planned[i] if i in planned else _turn_span(conv, i)
         if end > start:
             spans.append((start, end))
@@ -122,10 +124,6 @@ def _roles(messages: Any) -> list[Any] | None:
         return [message["role"] for message in messages]
     except Exception:
         return None
-
-
-def _assistants(roles: list[Any]) -> list[int]:
-    return [i for i, role in enumerate(roles) if not role != "assistant"]
 
 
 # transformers' own per-call input walk (5.2x): objects to dicts and None keys dropped, plain JSON
@@ -221,7 +219,7 @@ class ChatRenderer:
             spans.stats.served += sum(2 if i + 1 < len(messages) else 1 for i in found)
         view = ShapeView(shape, texts, sentinel_copy, plan.covered if covered and plan is not None else frozenset())
         conv = ConversationRenders(self, messages, tools, full=full, walked=walked, shape=view)
-        return RenderedText(text=full, assistant_spans=_spans(conv, _assistants(roles), found))
+        return RenderedText(text=full, assistant_spans=_spans(conv, found))
 
     def conversation(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> ConversationRenders:
         """The renders of one conversation without the shape cache, its full text ``apply_chat_template``'s."""
@@ -232,8 +230,7 @@ class ChatRenderer:
     ) -> RenderedText:
         """Spans from renders, none from the shape cache (the renders after ``full`` direct where they can be)."""
         conv = ConversationRenders(self, messages, tools, full=full, walked=walked)
-        roles = [message["role"] for message in messages]
-        return RenderedText(text=full, assistant_spans=_spans(conv, _assistants(roles), {}))
+        return RenderedText(text=full, assistant_spans=_spans(conv, {}))
 
     def _full(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
         return render(self.tokenizer, self.template, messages, generation_prompt=False, tools=tools)
