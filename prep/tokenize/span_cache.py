@@ -8,11 +8,17 @@ every render the span search may ask for with the texts left symbolic
 with its own texts put in, after checking that its texts answer every look the template took into
 them as the symbolic render did. A render whose checks fail, or that the template could not render
 symbolically, is rendered for real as before: the cache only skips renders whose text it proves.
+A shape's renders are built when the span search first asks for them (a prefix-stable template
+never needs the sentinel renders). The full render is served too, once the shape's first
+conversation whose checks hold rendered exactly it through ``apply_chat_template`` (a shape that
+does not is never served).
 
 The shape (:func:`text_slots`): the walked messages (what the template receives) with every free
 text value (a string ``content``, a content item's ``text``, reasoning fields) replaced by whether
 it is empty, everything else by value and type (floats by ``repr``: ``-0.0`` renders differently
-from ``0.0``), and the tools by value. Bounded: least recently used shapes go first.
+from ``0.0``), the tools by value, and where a message has keys set to None (the walk drops them,
+a sentinel copy keeps their place) its keys in order. Messages of plain JSON types get it without
+the walk (:func:`plain_text_slots`). Bounded: least recently used shapes go first.
 
 Example: ``[user "Hi", assistant "Hello."]`` and ``[user "Bye", assistant "Ciao."]`` share one
 shape; the second conversation's renders are the first's pieces with slots 0, 1 = ``"Bye"``,
@@ -22,7 +28,7 @@ shape; the second conversation's renders are the first's pieces with slots 0, 1 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +36,7 @@ from prep.tokenize.symbolic import Abort, Check, Pieces, Sym, SymbolicTemplate, 
 
 RenderKey = tuple[int, bool, int | None]  # (messages rendered, generation prompt, sentinel message)
 TEXT_KEYS = ("content", "reasoning_content", "reasoning", "thinking")  # free text of a message
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")  # transformers' _REASONING_FIELDS, in its order
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +50,50 @@ class PointRender:
         return all(check.holds(texts) for check in self.checks)
 
 
-@dataclass(frozen=True, slots=True)
 class ShapeRenders:
-    """Every render the span search may ask for, of one shape (a render that failed is absent)."""
+    """The renders of one shape, each built (texts symbolic) when first asked for; and whether the
+    shape's full render was seen equal to ``apply_chat_template``'s (``verified`` conversations) or
+    not (``broken``: never served). ``plan``: its spans as sums of lengths, set by the renderer."""
 
-    points: dict[RenderKey, PointRender]
+    def __init__(
+        self,
+        symbolic: SymbolicTemplate,
+        variables: dict[str, Any],
+        walked: list[dict[str, Any]],
+        walked_tools: Any,
+        texts: list[str],
+    ) -> None:
+        self.symbolic = symbolic
+        self.variables = variables
+        self.tracer = Tracer(skeleton_texts(texts))
+        self.messages, self.tops = symbolic_messages(walked, self.tracer)
+        self.tools = walked_tools
+        self.points: dict[RenderKey, PointRender | None] = {}
+        self.verified = 0
+        self.broken = False
+        self.plan: Any = None
+
+    def point(self, key: RenderKey, sentinel_copy: Callable[[int], dict[str, Any]]) -> PointRender | None:
+        """The render ``key`` (None where the template aborts or raises on it); ``sentinel_copy(i)``:
+        the walked message ``i`` with its content swapped for the sentinel, of any conversation of the shape."""
+        if key in self.points:
+            return self.points[key]
+        end, generation_prompt, sentinel = key
+        rendered = self.messages[:end]
+        if sentinel is not None:
+            copy = symbolic_sentinel_copy(sentinel_copy(sentinel), self.tops[sentinel], self.tracer)
+            if copy is None:
+                self.points[key] = None
+                return None
+            rendered[sentinel] = copy
+        context = {
+            "messages": rendered,
+            "tools": self.tools,
+            "documents": None,
+            "add_generation_prompt": generation_prompt,
+        }
+        point = self.points[key] = symbolic_point(self.symbolic, self.tracer, context, self.variables)
+        return point
 
 
 @dataclass(slots=True)
@@ -57,7 +103,8 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     fallbacks: int = 0  # the full render's checks or text disagreed: every render done for real
-    served: int = 0  # renders taken from the cache (full renders not counted)
+    served: int = 0  # span renders taken from the cache (full renders not counted)
+    full_served: int = 0  # full renders taken from the cache (no apply_chat_template)
 
 
 @dataclass(slots=True)
@@ -69,15 +116,15 @@ class SpanCache:
     shapes: OrderedDict[Hashable, ShapeRenders] = field(default_factory=OrderedDict)
     stats: CacheStats = field(default_factory=CacheStats)
 
-    def renders(self, key: Hashable, build: Any) -> ShapeRenders:
-        """The shape's renders, built by ``build()`` on a miss."""
+    def renders(self, key: Hashable, build: Callable[[], ShapeRenders]) -> ShapeRenders:
+        """The shape's renders, made by ``build()`` on a miss."""
         found = self.shapes.get(key)
         if found is not None:
             self.shapes.move_to_end(key)
             self.stats.hits += 1
             return found
         self.stats.misses += 1
-        built: ShapeRenders = build()
+        built = build()
         self.shapes[key] = built
         if len(self.shapes) > self.max_shapes:
             self.shapes.popitem(last=False)
@@ -88,37 +135,86 @@ class Unshaped(Exception):  # noqa: N818 (a reason to skip the cache, not an err
     """A value the shape cannot hold exactly (a type outside plain JSON)."""
 
 
-def text_slots(walked: list[dict[str, Any]], tools: Any) -> tuple[Hashable, list[str]]:
-    """The conversation's shape and its free texts, slot by slot (raises :class:`Unshaped`)."""
+def text_slots(walked: list[dict[str, Any]], tools: Any, messages: list[Any]) -> tuple[Hashable, list[str]]:
+    """The conversation's shape and its free texts, slot by slot (raises :class:`Unshaped`), from the
+    walked messages and tools and the messages as given (where their keys set to None sit)."""
     texts: list[str] = []
     shape = tuple(_message_shape(m, texts) for m in walked)
-    return (shape, _frozen(tools)), texts
+    return (shape, _frozen(tools), _none_layout(messages)), texts
+
+
+def plain_text_slots(messages: Any, tools: Any) -> tuple[Hashable, list[str]] | None:
+    """:func:`text_slots` of messages and tools made of plain JSON types (exact ``dict``, ``list``,
+    ``tuple``, ``str``, ``int``, ``float``, ``bool``, None), without transformers' walk; None otherwise.
+
+    On such values the walk (``_normalize_chat_messages``, ``_plain_template_data``,
+    ``_alias_reasoning_fields``) copies every value unchanged, drops a message's keys set to None and
+    aliases its reasoning: done here on the message itself, the shape and texts are the walked ones.
+    """
+    if type(messages) is not list or not (tools is None or type(tools) is list):
+        return None
+    if tools is not None and not all(type(tool) is dict for tool in tools):
+        return None
+    texts: list[str] = []
+    shapes: list[Hashable] = []
+    layout: list[Hashable] = []
+    try:
+        for message in messages:
+            if type(message) is not dict:
+                return None
+            if type(None) in map(type, message.values()):  # a value is None (types compare by identity)
+                layout.append(tuple(key if type(key) is str else _frozen(key) for key in message))
+                message = {key: value for key, value in message.items() if value is not None}
+            else:
+                layout.append(None)
+            reasoning = next((message[key] for key in REASONING_KEYS if message.get(key) is not None), None)
+            if reasoning is not None:
+                message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+            shapes.append(_message_shape(message, texts))
+        return (tuple(shapes), _frozen(tools), tuple(layout)), texts
+    except Unshaped:
+        return None
+
+
+def _none_layout(messages: list[Any]) -> Hashable:
+    """Per message, its keys in order where some are set to None (a sentinel copy puts its content there)."""
+    return tuple(
+        tuple(_key(k) for k in m) if isinstance(m, Mapping) and any(v is None for v in m.values()) else None
+        for m in messages
+    )
 
 
 def _message_shape(message: dict[str, Any], texts: list[str]) -> Hashable:
-    out: list[tuple[str, Hashable]] = []
+    out: list[tuple[Hashable, Hashable]] = []
     for key, value in message.items():
-        if key in TEXT_KEYS and type(value) is str:
+        name = key if type(key) is str else _frozen(key)
+        if name in TEXT_KEYS and type(value) is str:
             texts.append(value)
-            out.append((key, ("text", bool(value))))
-        elif key == "content" and type(value) is list:
-            out.append((key, ("items", tuple(_item_shape(item, texts) for item in value))))
+            out.append((name, ("text", bool(value))))
+        elif name == "content" and type(value) is list:
+            out.append((name, ("items", tuple(_item_shape(item, texts) for item in value))))
         else:
-            out.append((key, _frozen(value)))
+            out.append((name, _frozen(value)))
     return tuple(out)
 
 
 def _item_shape(item: Any, texts: list[str]) -> Hashable:
     if type(item) is dict and item.get("type") == "text" and type(item.get("text")) is str:
-        out: list[tuple[Any, Hashable]] = []
+        out: list[tuple[Hashable, Hashable]] = []
         for key, value in item.items():
-            if key == "text":
+            name = key if type(key) is str else _frozen(key)
+            if name == "text":
                 texts.append(value)
-                out.append((key, ("text", bool(value))))
+                out.append((name, ("text", bool(value))))
             else:
-                out.append((key, _frozen(value)))
+                out.append((name, _frozen(value)))
         return ("text-item", tuple(out))
     return _frozen(item)
+
+
+def _key(key: Any) -> Hashable:
+    """A dict key as the walk leaves it (a str as itself; other plain values frozen; others: :class:`Unshaped`)."""
+    return key if type(key) is str else _frozen(key)
 
 
 def _frozen(value: Any) -> Hashable:
@@ -197,16 +293,3 @@ def symbolic_point(
     except Exception:  # jinja raises many types; the real render raises too, or takes another path
         return None
     return PointRender(pieces, tuple(checks))
-
-
-def span_render_keys(roles: list[str]) -> list[RenderKey]:
-    """Every render :func:`prep.tokenize.template._turn_span` may ask for, the full render first."""
-    n = len(roles)
-    keys: list[RenderKey] = [(n, False, None)]
-    for i, role in enumerate(roles):
-        if role != "assistant":
-            continue
-        if i > 0:
-            keys += [(i, True, None), (i + 1, False, None)]
-        keys += [(n, False, i), (i + 1, False, i)]
-    return list(dict.fromkeys(keys))

@@ -19,7 +19,10 @@ finishes, every branch it took depended on non-text values, shape facts or recor
 real conversation of the same shape whose checks all give the recorded answers runs the template
 through the same steps, each text-derived value equal to its symbol with the real texts put in,
 and renders exactly :func:`materialize` of the symbolic output. Nothing is guessed: a render that
-aborts is simply not cached, and a sample whose checks differ renders for real.
+aborts is simply not cached, and a sample whose checks differ renders for real. The render must
+also depend on nothing but its inputs: the environment's functions that read the clock or draw
+random numbers (transformers' ``strftime_now``, jinja's ``random`` filter and ``lipsum``, and any
+function it does not know) abort when a template calls them.
 
 Example (ChatML): ``<|im_start|>user\\n{{ content }}<|im_end|>`` with content slot 0 renders the
 pieces ``("<|im_start|>user\\n", 0, "<|im_end|>")``; with slot 0 = ``"Hi"`` that is the real render.
@@ -34,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from jinja2 import pass_eval_context
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.defaults import DEFAULT_FILTERS, DEFAULT_NAMESPACE, DEFAULT_TESTS
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 Piece = str | int  # literal template text, or the index of a text slot
 Pieces = tuple[Piece, ...]
@@ -92,6 +96,31 @@ class Check:
         if self.expected == _SAME_LIST and isinstance(self.expected, str):
             return type(result) is list and result == [receiver]
         return type(result) is type(self.expected) and result == self.expected
+
+    def tester(self) -> Callable[[list[str]], bool]:
+        """:meth:`holds` as a function, specialised where the receiver is one slot and no argument is a text."""
+        receiver, args, expected = self.receiver, self.args, self.expected
+        if len(receiver) != 1 or type(receiver[0]) is not int or any(isinstance(a, SymArg) for a in args):
+            return self.holds
+        if any(isinstance(v, SymArg) for _, v in self.kwargs):
+            return self.holds
+        slot, fn, kwargs = receiver[0], _function(self.method), dict(self.kwargs)
+        same = self.expected == _SAME and isinstance(self.expected, str)
+        same_list = self.expected == _SAME_LIST and isinstance(self.expected, str)
+
+        def holds(texts: list[str]) -> bool:
+            text = texts[slot]
+            try:
+                result = fn(text, *args, **kwargs)
+            except Exception:  # as holds
+                return False
+            if same:
+                return type(result) is str and result == text
+            if same_list:
+                return type(result) is list and result == [text]
+            return type(result) is type(expected) and result == expected
+
+        return holds
 
 
 def _function(method: str) -> Callable[..., Any]:
@@ -242,6 +271,9 @@ class SymbolicEnvironment(ImmutableSandboxedEnvironment):
         self.tests.update(base.tests)
         self.globals.update(base.globals)
         self.policies.update(base.policies)
+        _only_pure(self.filters, DEFAULT_FILTERS)
+        _only_pure(self.tests, DEFAULT_TESTS)
+        _only_pure(self.globals, DEFAULT_NAMESPACE)
         self._tracer_box = tracer_box
         self.concat = self._concat  # type: ignore[method-assign]
         _wrap_tests(self.tests)
@@ -265,6 +297,37 @@ class SymbolicEnvironment(ImmutableSandboxedEnvironment):
                 return join_values([left, right], self._tracer_box[0])
             raise Abort(f"operator {operator} on a text value")
         return super().call_binop(context, operator, left, right)
+
+
+# jinja's own functions that draw random numbers: ``random`` (filter), ``lipsum`` (global)
+_IMPURE = frozenset({"random", "lipsum"})
+# transformers' template functions (``utils/chat_template_utils.py``, ``_compile_jinja_template``) whose
+# result depends only on their arguments; its ``strftime_now`` reads the clock (Llama's templates print the date)
+_PURE_TRANSFORMERS = frozenset({"tojson", "raise_exception", "TemplateDict", "TemplateNamespace"})
+_TRANSFORMERS_MODULE = "transformers.utils.chat_template_utils"
+
+
+def _only_pure(table: dict[str, Any], jinja_defaults: dict[str, Any]) -> None:
+    """Every filter, test or global the render could see whose result is not a function of its arguments
+    (the clock, random draws, anything not known) aborts when called: a render that printed today's date
+    or a random pick would be served to later conversations of its shape."""
+    for name, value in list(table.items()):
+        if not _pure(name, value, jinja_defaults):
+            table[name] = functools.partial(_aborting, name)
+
+
+def _pure(name: str, value: Any, jinja_defaults: dict[str, Any]) -> bool:
+    if value is None or type(value) in (str, int, float, bool):
+        return True
+    if value is jinja_defaults.get(name) or value is safe_range:
+        return name not in _IMPURE
+    qualname = getattr(value, "__qualname__", None) or type(value).__qualname__
+    module = getattr(value, "__module__", None)
+    return module == _TRANSFORMERS_MODULE and qualname.rsplit(".", 1)[-1] in _PURE_TRANSFORMERS
+
+
+def _aborting(name: str, *args: Any, **kwargs: Any) -> Any:
+    raise Abort(f"{name} does not depend only on its arguments")
 
 
 def _symbolic_join(join: Callable[..., Any], tracer_box: list[Tracer]) -> Callable[..., Any]:

@@ -35,6 +35,7 @@ is no prefix of it, so the sentinel renders give the span ``Hello.</s>``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,24 +44,22 @@ from jinja2 import nodes
 from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
+from packvlm.errors import InternalError
 from packvlm.sample_error import SampleError
 from prep.tokenize.span_cache import (
-    PointRender,
     RenderKey,
     ShapeRenders,
     SpanCache,
     Unshaped,
-    skeleton_texts,
-    span_render_keys,
-    symbolic_messages,
-    symbolic_point,
-    symbolic_sentinel_copy,
+    plain_text_slots,
     text_slots,
 )
-from prep.tokenize.symbolic import SymbolicTemplate, Tracer, materialize
+from prep.tokenize.span_plan import span_plan
+from prep.tokenize.symbolic import SymbolicTemplate, materialize
 from schemas.reasons import Reason
 
 Message = dict[str, Any]
+Span = tuple[int, int]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,15 +100,27 @@ def render_with_spans(
     """
     check_tool_support(template, messages, tools)
     renderer = renderer or ChatRenderer(tokenizer, template)
-    conv = renderer.conversation(messages, tools)
+    return renderer.render_with_spans(messages, tools)
+
+
+def _spans(conv: ConversationRenders, planned: dict[int, Span]) -> list[Span]:
+    """Each assistant turn's span (``planned``: those a :class:`SpanPlan` gave), empty ones left out."""
     spans = []
-    for i, message in enumerate(messages):
+    for i, message in enumerate(conv.messages):
         if message["role"] != "assistant":
             continue
-        start, end = _turn_span(conv, i)
+        start, end = planned[i] if i in planned else _turn_span(conv, i)
         if end > start:
             spans.append((start, end))
-    return RenderedText(text=conv.full, assistant_spans=spans)
+    return spans
+
+
+def _roles(messages: Any) -> list[Any] | None:
+    """Each message's role; None where one has none (the uncached path raises what it raised before)."""
+    try:
+        return [message["role"] for message in messages]
+    except Exception:
+        return None
 
 
 # transformers' own per-call input walk (5.2x): objects to dicts and None keys dropped, plain JSON
@@ -121,90 +132,122 @@ _ALIAS = getattr(chat_template_utils, "_alias_reasoning_fields", None)
 
 
 class ChatRenderer:
-    """Renders as ``apply_chat_template`` does, for the 2-7 renders one conversation's spans take.
+    """Renders as ``apply_chat_template`` does, for the 1-7 renders one conversation's spans take.
 
     ``apply_chat_template`` walks its input on every call (objects to dicts, None keys dropped,
     plain JSON types, reasoning fields aliased); for a short conversation that walk costs several
     times the render itself. Span finding renders prefixes and sentinel copies of one
-    conversation, so :meth:`conversation` walks the messages once with transformers' own helpers
-    (each maps message by message: a prefix of the walked list is the walked prefix) and renders
-    the compiled template directly with the variables ``apply_chat_template`` passes (the named
-    special tokens, ``documents=None``). The full text itself is always ``apply_chat_template``'s:
-    where the direct render of the whole conversation differs from it (a transformers version
-    whose wrapper does more), every render of that conversation goes through
-    ``apply_chat_template``, and so does any render the direct path raises on. Conversations of
-    one shape share their renders but for the texts: the renders after the full text come from
-    :attr:`spans` (:mod:`prep.tokenize.span_cache`) wherever they provably equal the direct ones.
-    One per worker: it holds the compiled template and the shape cache, nothing per sample.
+    conversation, so the messages are walked once with transformers' own helpers (each maps
+    message by message: a prefix of the walked list is the walked prefix) and the compiled template
+    renders them directly with the variables ``apply_chat_template`` passes (the named special
+    tokens, ``documents=None``). Where the direct render of the whole conversation differs from
+    ``apply_chat_template``'s (a transformers version whose wrapper does more), every render of that
+    conversation goes through ``apply_chat_template``, and so does any render the direct path raises on.
+
+    Conversations of one shape share their renders but for the texts (:mod:`prep.tokenize.span_cache`):
+    one whose texts pass its shape's checks takes the full text and the spans from there, the spans
+    as sums of lengths where its prefix renders are prefixes piece by piece (:mod:`prep.tokenize.span_plan`),
+    without rendering at all. The full text is ``apply_chat_template``'s for the first ``verify``
+    conversations of a shape whose checks hold; a shape whose cached full render differed from it
+    even once is never served again. One per worker: it holds the compiled template and the shape
+    cache, nothing per sample.
     """
 
-    def __init__(self, tokenizer: Any, template: str, *, max_shapes: int = 1024) -> None:
-        """``max_shapes``: conversation shapes whose renders are kept (0: none, every render done)."""
+    def __init__(self, tokenizer: Any, template: str, *, max_shapes: int = 1024, verify: int = 1) -> None:
+        """``max_shapes``: conversation shapes whose renders are kept (0: none, every render done);
+        ``verify``: conversations per shape whose full text ``apply_chat_template`` renders and the cache must equal."""
         self.tokenizer = tokenizer
         self.template = template
+        self.verify = verify
         self.direct = _NORMALIZE is not None and _PLAIN is not None and _ALIAS is not None
         self.compiled = _compile_jinja_template(template) if self.direct else None
         self.variables: dict[str, Any] = _PLAIN(dict(tokenizer.special_tokens_map)) if _PLAIN is not None else {}
         cached = self.compiled is not None and max_shapes > 0
         self.spans = SpanCache(SymbolicTemplate(self.compiled, template), max_shapes) if cached else None
 
-    def conversation(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> ConversationRenders:
-        """The renders of one conversation, starting with its full text (``apply_chat_template``'s).
+    def render_with_spans(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> RenderedText:
+        """The full text and assistant spans, from the shape cache where it proves them (see the class)."""
+        spans = self.spans if self.direct else None
+        roles = _roles(messages) if spans is not None else None
+        walked: tuple[list[Message], Any] | None = None
+        slots = plain_text_slots(messages, tools) if spans is not None and roles is not None else None
+        if spans is not None and roles is not None and slots is None:  # not plain JSON: shaped after the walk
+            walked = self._walked(messages, tools)
+            try:
+                slots = None if walked is None else text_slots(walked[0], walked[1], messages)
+            except Unshaped:
+                pass
+        if spans is None or roles is None or slots is None:  # (no role: the loop after the full render raises)
+            return self._rendered(messages, tools, self._full(messages, tools), walked)
+        key, texts = slots
 
-        The other renders come from the shape cache (:mod:`prep.tokenize.span_cache`) where the
-        cached full render, with this conversation's texts put in, is exactly ``apply_chat_template``'s
-        text (the check today's direct path makes) and its text checks hold; otherwise, and for any
-        render whose checks fail, the template renders for real as before.
-        """
-        full = render(self.tokenizer, self.template, messages, generation_prompt=False, tools=tools)
-        return self._from_cache(messages, tools, full) or ConversationRenders(self, messages, tools, full=full)
+        def build() -> ShapeRenders:
+            built = walked or self._walked(messages, tools)
+            if built is None:
+                raise InternalError("transformers' chat input walk raised on plain JSON messages")
+            return ShapeRenders(spans.symbolic, self.variables, built[0], built[1], texts)
 
-    def _from_cache(self, messages: list[Message], tools: Any, full: str) -> ConversationRenders | None:
-        """The conversation's renders served from its shape's, or None (no cache, or the full render disagrees)."""
-        ok, walked_tools = self.walk_tools(tools)
-        if self.spans is None or not ok:
-            return None
-        walked = self.walk(messages)
-        try:
-            key, texts = text_slots(walked, walked_tools)
-        except Unshaped:
-            return None
-        spans = self.spans
-        shape = spans.renders(key, lambda: self._shape_renders(spans, messages, walked, walked_tools, texts))
-        point = shape.points.get((len(messages), False, None))
-        if point is None or not point.holds(texts) or materialize(point.pieces, texts) != full:
+        shape = spans.renders(key, build)
+        sentinel_copy = functools.partial(self._sentinel_copy, messages)
+        point = None if shape.broken else shape.point((len(messages), False, None), sentinel_copy)
+        plan = None if point is None else span_plan(shape, point, roles, sentinel_copy)
+        covered = plan is not None and plan.holds(texts)
+        if point is None or not (covered or point.holds(texts)):
             spans.stats.fallbacks += 1
-            return None
-        return ConversationRenders(
-            self, messages, tools, full=full, prepared=(walked, walked_tools, dict(shape.points), texts)
-        )
+            return self._rendered(messages, tools, self._full(messages, tools), walked)
+        cached = materialize(point.pieces, texts)
+        if shape.verified < self.verify:
+            try:
+                full = self._full(messages, tools)
+            except SampleError:
+                shape.broken = True
+                raise
+            if full != cached:  # the symbolic render is not the real one here: never served again
+                shape.broken = True
+                spans.stats.fallbacks += 1
+                return self._rendered(messages, tools, full, walked)
+            shape.verified += 1
+        else:
+            full = cached
+            spans.stats.full_served += 1
+        found: dict[int, Span] = {}
+        if covered and plan is not None:
+            found = plan.spans(texts)
+            spans.stats.served += sum(2 if i + 1 < len(messages) else 1 for i in found)
+        view = ShapeView(shape, texts, sentinel_copy, plan.covered if covered and plan is not None else frozenset())
+        conv = ConversationRenders(self, messages, tools, full=full, walked=walked, shape=view)
+        return RenderedText(text=full, assistant_spans=_spans(conv, found))
 
-    def _shape_renders(
-        self, spans: SpanCache, messages: list[Message], walked: list[Message], walked_tools: Any, texts: list[str]
-    ) -> ShapeRenders:
-        """Every render the span search may ask for, texts symbolic (as :meth:`ConversationRenders._direct`)."""
-        tracer = Tracer(skeleton_texts(texts))
-        symbolic, tops = symbolic_messages(walked, tracer)
-        points: dict[RenderKey, PointRender] = {}
-        for end, generation_prompt, sentinel in span_render_keys([m["role"] for m in messages]):
-            rendered = symbolic[:end]
-            if sentinel is not None:
-                copy = symbolic_sentinel_copy(
-                    self.walk([_with_sentinel(messages[sentinel])])[0], tops[sentinel], tracer
-                )
-                if copy is None:
-                    continue
-                rendered[sentinel] = copy
-            context = {
-                "messages": rendered,
-                "tools": walked_tools,
-                "documents": None,
-                "add_generation_prompt": generation_prompt,
-            }
-            point = symbolic_point(spans.symbolic, tracer, context, self.variables)
-            if point is not None:
-                points[(end, generation_prompt, sentinel)] = point
-        return ShapeRenders(points)
+    def conversation(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> ConversationRenders:
+        """The renders of one conversation without the shape cache, its full text ``apply_chat_template``'s."""
+        return ConversationRenders(self, messages, tools, full=self._full(messages, tools))
+
+    def _rendered(
+        self, messages: list[Message], tools: Any, full: str, walked: tuple[list[Message], Any] | None
+    ) -> RenderedText:
+        """Spans from renders, none from the shape cache (the renders after ``full`` direct where they can be)."""
+        conv = ConversationRenders(self, messages, tools, full=full, walked=walked)
+        return RenderedText(text=full, assistant_spans=_spans(conv, {}))
+
+    def _full(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        return render(self.tokenizer, self.template, messages, generation_prompt=False, tools=tools)
+
+    def _walked(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> tuple[list[Message], Any] | None:
+        """The walked messages and tools; None where the walk raises or tools are callables (only
+        ``apply_chat_template`` converts those) or transformers has no walk to reuse."""
+        if not self.direct:
+            return None
+        ok, walked_tools = self.walk_tools(tools)
+        if not ok:
+            return None
+        try:
+            return self.walk(messages), walked_tools
+        except Exception:  # apply_chat_template raises it (its own error row)
+            return None
+
+    def _sentinel_copy(self, messages: list[Message], i: int) -> Message:
+        """Message ``i`` walked with its text swapped for :data:`SENTINEL` (as :meth:`ConversationRenders._direct`)."""
+        return self.walk([_with_sentinel(messages[i])])[0]
 
     def walk(self, messages: list[Message]) -> list[Message]:
         """What ``apply_chat_template`` hands the template for ``messages`` (with ``direct`` set)."""
@@ -221,6 +264,16 @@ class ChatRenderer:
         return True, _PLAIN(list(tools))
 
 
+@dataclass(frozen=True, slots=True)
+class ShapeView:
+    """A conversation's shape renders: its texts, its sentinel copies, the renders whose checks it passed."""
+
+    shape: ShapeRenders
+    texts: list[str]
+    sentinel_copy: Callable[[int], Message]
+    covered: frozenset[RenderKey]
+
+
 class ConversationRenders:
     """Every render one conversation's spans ask for, each done once (a last reply's prefix is the whole)."""
 
@@ -231,53 +284,56 @@ class ConversationRenders:
         tools: list[dict[str, Any]] | None,
         *,
         full: str,
-        prepared: tuple[list[Message], Any, dict[RenderKey, PointRender], list[str]] | None = None,
+        walked: tuple[list[Message], Any] | None = None,
+        shape: ShapeView | None = None,
     ) -> None:
-        """``prepared``: (walked messages, walked tools, the shape's renders, the texts) where the cached
-        full render with these texts is ``full``: the direct path's check, passed."""
+        """``walked``: the walked messages and tools if walked already; ``shape``: where the shape's full
+        render with these texts is ``full`` (checked once for the shape, as the direct path checks it here
+        otherwise); then the messages are walked only if a render is not served from the shape."""
         self.renderer = renderer
         self.messages = messages
         self.tools = tools
         self.full = full
-        self._done: dict[tuple[int, bool, int | None], str] = {(len(messages), False, None): self.full}
-        self._walked: list[Message] | None = None
-        self._tools: Any = None
-        self._points: dict[RenderKey, PointRender] = {}
-        self._texts: list[str] = []
-        if prepared is not None:
-            self._walked, self._tools, self._points, self._texts = prepared
-        elif renderer.direct:
-            ok, walked_tools = renderer.walk_tools(tools)
-            if ok:
-                self._walked, self._tools = renderer.walk(messages), walked_tools
-                if self._direct(len(messages), False, None) != self.full:
-                    self._walked = None
+        self._done: dict[RenderKey, str] = {(len(messages), False, None): self.full}
+        self._walked: tuple[list[Message], Any] | None = walked
+        self._shape = shape
+        if shape is None and renderer.direct:
+            self._walked = walked or renderer._walked(messages, tools)
+            if self._walked is not None and self._direct(len(messages), False, None) != self.full:
+                self._walked = None
+        self._pending = shape is not None and walked is None and renderer.direct  # walk when first needed
 
     @property
     def direct(self) -> bool:
         """Whether the renders after the full text skip ``apply_chat_template``'s walk."""
-        return self._walked is not None
+        return self._walked is not None or self._pending
 
     def text(self, end: int, *, generation_prompt: bool, sentinel: int | None = None) -> str:
         """Render of ``messages[:end]``, message ``sentinel`` with its text swapped for :data:`SENTINEL`."""
         key = (end, generation_prompt, sentinel)
-        point = self._points.pop(key, None)
-        if key not in self._done and point is not None and point.holds(self._texts):
-            self._done[key] = materialize(point.pieces, self._texts)
-            if self.renderer.spans is not None:
-                self.renderer.spans.stats.served += 1
-        if key not in self._done:
-            direct = self._direct(end, generation_prompt, sentinel) if self._walked is not None else None
-            if direct is None:  # apply_chat_template's own text, or its own error
-                messages = self.messages[:end]
-                if sentinel is not None:
-                    messages[sentinel] = _with_sentinel(messages[sentinel])
-                r = self.renderer
-                direct = render(
-                    r.tokenizer, r.template, messages, generation_prompt=generation_prompt, tools=self.tools
-                )
-            self._done[key] = direct
-        return self._done[key]
+        done = self._done.get(key)
+        if done is not None:
+            return done
+        view = self._shape
+        if view is not None:
+            point = view.shape.points.get(key) if key in view.covered else view.shape.point(key, view.sentinel_copy)
+            if point is not None and (key in view.covered or point.holds(view.texts)):
+                done = self._done[key] = materialize(point.pieces, view.texts)
+                if self.renderer.spans is not None:
+                    self.renderer.spans.stats.served += 1
+                return done
+        if self._pending:
+            self._pending = False
+            self._walked = self.renderer._walked(self.messages, self.tools)
+        direct = self._direct(end, generation_prompt, sentinel)
+        if direct is None:  # apply_chat_template's own text, or its own error
+            messages = self.messages[:end]
+            if sentinel is not None:
+                messages[sentinel] = _with_sentinel(messages[sentinel])
+            r = self.renderer
+            direct = render(r.tokenizer, r.template, messages, generation_prompt=generation_prompt, tools=self.tools)
+        self._done[key] = direct
+        return direct
 
     def _direct(self, end: int, generation_prompt: bool, sentinel: int | None) -> str | None:
         """The compiled template on the walked messages; None where it raises (the caller asks
@@ -285,14 +341,14 @@ class ConversationRenders:
         compiled, walked = self.renderer.compiled, self._walked
         if compiled is None or walked is None:
             return None
-        messages = walked[:end]
+        messages = walked[0][:end]
         if sentinel is not None:
             messages[sentinel] = self.renderer.walk([_with_sentinel(self.messages[sentinel])])[0]
         try:
             return str(
                 compiled.render(
                     messages=messages,
-                    tools=self._tools,
+                    tools=walked[1],
                     documents=None,
                     add_generation_prompt=generation_prompt,
                     **self.renderer.variables,

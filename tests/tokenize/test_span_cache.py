@@ -180,6 +180,7 @@ def test_every_family_template_cached_equals_rendering_every_span(bundles, famil
     content_lists = needs_content_lists(bundle.tokenizer, bundle.chat_template)
     cached = _check_against_oracle(bundle.tokenizer, bundle.chat_template, content_lists)
     assert cached.spans is not None and cached.spans.stats.served > 0  # the cache did serve span renders
+    assert cached.spans.stats.full_served > 0  # ... and full texts, apply_chat_template skipped
 
 
 @pytest.mark.parametrize("name", sorted(HAND_WRITTEN))
