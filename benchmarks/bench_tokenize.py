@@ -180,14 +180,15 @@ class PathComparison:
     reference_cpu_s: float | None = None
 
 
-def compare_paths(
-    config_path: Path, processor_dir: Path, ours_repeats: int = 1, new_texts: bool = False
-) -> PathComparison:
+def compare_paths(config_path: Path, processor_dir: Path, ours_repeats: int = 5) -> PathComparison:
     """Closed form vs the real processor on the same samples; ours is the median of ``ours_repeats`` passes,
     taken between shares of the reference.
 
-    ``new_texts``: the tokenizer forgets the expansion texts it has seen before each sample (its
-    run memo), as for a dataset whose clips all differ in length; the few clips here repeat."""
+    Before each sample the tokenizer forgets what it remembers per media item (counter answers,
+    image headers, expansion runs: :meth:`SampleTokenizer.forget_media`), as for a dataset whose files
+    and sizes are all new (the bench's clips repeat, and every pass after the first sees the same
+    images again); it keeps the chat template's shape cache, as a worker over a real dataset does
+    (a few conversation shapes, many samples)."""
     from families.processor import load_processor
     from prep.sources.formats.sharegpt import to_conversation
     from prep.sources.records import decode_record, plan_chunks, read_chunk
@@ -211,7 +212,7 @@ def compare_paths(
     shares = np.array_split(np.arange(len(convs)), ours_repeats)
     for share in shares:
         t0, c0 = time.perf_counter(), time.process_time()
-        ours = [_tokenize(tok, c, spec.video, new_texts) for c in convs]
+        ours = [_tokenize(tok, c, spec.video) for c in convs]
         passes.append(time.perf_counter() - t0)
         cpu_passes.append(time.process_time() - c0)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -247,9 +248,8 @@ def compare_paths(
     )
 
 
-def _tokenize(tok: Any, conv: Any, sampling: Any, new_texts: bool) -> list[int]:
-    if new_texts:
-        tok.runs.runs.clear()
+def _tokenize(tok: Any, conv: Any, sampling: Any) -> list[int]:
+    tok.forget_media()
     return list(tok.tokenize(conv, sampling).input_ids)
 
 
@@ -379,7 +379,7 @@ def main() -> None:
                     (
                         f"{family} (video)",
                         video_class,
-                        compare_paths(video_config, processor, ours_repeats=5, new_texts=True),
+                        compare_paths(video_config, processor),
                     )
                 )
             elif path == "processor":

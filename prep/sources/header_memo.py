@@ -40,6 +40,10 @@ class HeaderMemo:
         self.max_headers = max_headers
         self._headers: dict[str, tuple[Stamp, ImageHeader]] = {}
 
+    def clear(self) -> None:
+        """Forget every header."""
+        self._headers.clear()
+
     def image_header(self, ref: MediaRef, pool: LmdbPool, max_pixels: int = DECODE_LIMIT_PIXELS) -> ImageHeader:
         """What `prep.sources.media.image_header` returns (or raises) for ``ref``."""
         if ref.key is not None or ref.row is not None:

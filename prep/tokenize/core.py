@@ -89,6 +89,14 @@ class SampleTokenizer:
             raise SampleError(Reason.TOO_LONG, f"{sample.num_tokens} tokens > --max-length {self.max_length}")
         return sample
 
+    def forget_media(self) -> None:
+        """Drop what this worker remembers per media item (counts, headers, expansion runs), keeping the
+        template's shape cache: benchmarks measure every item as a new file of a new size."""
+        if self.memo is not None:
+            self.memo.clear()
+        self.headers.clear()
+        self.runs.runs.clear()
+
     def check_confined(self, conv: Conversation, dataset_roots: tuple[str, ...] = ()) -> None:
         """Before any media is opened: each item inside --media-root and the dataset's ``media_root``."""
         for item in conv.media:

@@ -46,6 +46,11 @@ class CountMemo:
             found = self._keep(key, count, index, width, height)
         return found
 
+    def clear(self) -> None:
+        """Forget every answer."""
+        self._answers.clear()
+        self._held = 0
+
     def video(self, meta: VideoMeta, sampling: VideoSampling, index: int) -> MediaCount:
         """``count_video`` of a video, the ``index``-th video of its sample."""
         key = ("video", meta, sampling, index if self.numbered else 0)
