@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from prep.tokenize.encode import encode_offsets, overlap_mask
+from prep.tokenize.offsets import encode_offsets, overlap_mask
 
 Run = tuple[int, int, str, int]  # start, end in the expansion text, the token, copies
 MEMO_TEXTS = 256  # expansion texts whose runs a worker keeps (a Kimi K2.5 video's text: ~45 KB)
@@ -174,7 +174,7 @@ class RunEncoder:
         add_special_tokens: bool,
         spans: list[tuple[int, int]],
     ) -> tuple[list[int], npt.NDArray[np.uint8]]:
-        """:meth:`encode`'s ids and the loss mask of its offsets (:func:`~prep.tokenize.encode.overlap_mask`),
+        """:meth:`encode`'s ids and the loss mask of its offsets (:func:`~prep.tokenize.offsets.overlap_mask`),
         without the offsets of the run copies: every copy lies inside a media span, so its mask is 0
         whatever ``spans`` are, and the kept copy's 0 is repeated (expanding the copies' offsets cost
         0.07-0.11 ms CPU a video sample, Gemma 4 and Kimi K2.5, to say only that)."""

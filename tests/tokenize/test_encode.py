@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from families.processor import load_processor
 from families.registry import example_families, example_family
-from prep.tokenize.encode import direct_backend, encode_offsets, pairs_mask, tokenize_rendered
+from prep.tokenize.encode import tokenize_rendered
+from prep.tokenize.offsets import direct_backend, encode_offsets, pairs_mask
 from prep.tokenize.template import RenderedText
 
 FAMILIES = example_families()
