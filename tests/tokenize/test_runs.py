@@ -19,6 +19,7 @@ from tokenizers import AddedToken
 from families.processor import load_processor
 from families.registry import example_family
 from prep.tokenize.runs import RunEncoder
+from tests.tokenize.run_truth import check_mask, truth
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +31,6 @@ def gemma3(tmp_path_factory: pytest.TempPathFactory):
 def idefics3(tmp_path_factory: pytest.TempPathFactory):
     path = example_family("idefics3").build_processor(tmp_path_factory.mktemp("id3") / "p")
     return load_processor(str(path)).tokenizer
-
-
-def _truth(tok, text: str, add_special: bool) -> tuple[list[int], list[list[int]]]:
-    enc = tok(text, add_special_tokens=add_special, return_offsets_mapping=True)
-    return list(enc["input_ids"]), [list(o) for o in enc["offset_mapping"]]
 
 
 def _texts(seed: int, expansions: list[str]) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
@@ -57,8 +53,8 @@ def _check(tok, encoder: RunEncoder, expansions: list[str], seed: int) -> int:
     for text, spans in _texts(seed, expansions):
         for add_special in (False, True):
             ids, offsets = encoder.encode(text, spans, add_special)
-            assert (ids, offsets.tolist()) == _truth(tok, text, add_special), text
-            _check_mask(tok, encoder, text, spans, add_special)
+            assert (ids, offsets.tolist()) == truth(tok, text, add_special), text
+            check_mask(tok, encoder, text, spans, add_special)
         compressed += bool(encoder._absolute_runs(text, spans))
     return compressed
 
@@ -103,18 +99,5 @@ def test_split_special_tokens_tokenizes_the_text_whole(gemma3):
     encoder = RunEncoder(tok)
     text = "Look:" + "<image_soft_token>" * 5 + "!"
     ids, offsets = encoder.encode(text, ((5, len(text) - 1),), False)
-    assert (ids, offsets.tolist()) == _truth(tok, text, False)
+    assert (ids, offsets.tolist()) == truth(tok, text, False)
     assert np.asarray(ids).size > 5
-
-
-def _check_mask(tok, encoder: RunEncoder, text: str, media: tuple[tuple[int, int], ...], add_special: bool) -> None:
-    """``encode_masked`` (no offsets for the run copies) against the overlap rule on the whole text's offsets,
-    for assistant spans around, inside and across the media spans."""
-    _, offsets = _truth(tok, text, add_special)
-    n = len(text)
-    for spans in ([], [(0, n)], [(0, n // 3), (n // 2, n)], [(a + 1, b + 2) for a, b in media], [(n // 4, n // 4 + 1)]):
-        ids, mask = encoder.encode_masked(text, media, add_special, spans)
-        inside = [any(a < e and b > s for s, e in spans) for a, b in offsets]
-        expect = [int(i and not any(a < e and b > s for s, e in media)) for i, (a, b) in zip(inside, offsets)]
-        assert ids == _truth(tok, text, add_special)[0]
-        assert mask.dtype == np.uint8 and mask.tolist() == expect, (spans, text[:200])

@@ -18,7 +18,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,6 +29,7 @@ from packvlm.sample_error import SampleError
 from prep.tokenize.runs import MEMO_TEXTS, Run, RunEncoder
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
+from tests.tokenize.run_truth import check_mask, truth
 
 CONTEXT = ["", " ", "\n", "\n\n", "Frame 12", "a cat ", "x", "<start_of_turn>user\n", "00:01 ", "!\n"]
 
@@ -38,11 +38,6 @@ CONTEXT = ["", " ", "\n", "\n\n", "Frame 12", "a cat ", "x", "<start_of_turn>use
 def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("runs_video")
     return {f: load_processor(str(example_family(f).build_processor(Path(root) / f))) for f in ("gemma4", "kimi_k25")}
-
-
-def _truth(tok: Any, text: str, add_special: bool) -> tuple[list[int], list[list[int]]]:
-    enc = tok(text, add_special_tokens=add_special, return_offsets_mapping=True)
-    return list(enc["input_ids"]), [list(o) for o in enc["offset_mapping"]]
 
 
 def _regex_runs(encoder: RunEncoder, text: str) -> list[Run]:
@@ -67,8 +62,8 @@ def _place(expansions: list[str], pieces: list[str]) -> tuple[str, tuple[tuple[i
 def _check(tok: Any, encoder: RunEncoder, text: str, spans: tuple[tuple[int, int], ...]) -> None:
     for add_special in (False, True):
         ids, offsets = encoder.encode(text, spans, add_special)
-        assert (ids, offsets.tolist()) == _truth(tok, text, add_special), text[:200]
-        _check_mask(tok, encoder, text, spans, add_special)
+        assert (ids, offsets.tolist()) == truth(tok, text, add_special), text[:200]
+        check_mask(tok, encoder, text, spans, add_special)
     for a, b in spans:
         assert list(encoder.runs_in(text[a:b])) == _regex_runs(encoder, text[a:b])
 
@@ -175,16 +170,3 @@ def test_memo_keeps_the_newest_texts_and_evicted_texts_stay_exact(bundles):
     assert len(encoder.runs) == MEMO_TEXTS and texts[0] not in encoder.runs and texts[-1] in encoder.runs
     for expansion in (texts[0], texts[19], texts[-1]):  # evicted, evicted, kept
         _check(bundle.tokenizer, encoder, *_place([expansion], ["Frame 12", "x"]))
-
-
-def _check_mask(tok, encoder: RunEncoder, text: str, media: tuple[tuple[int, int], ...], add_special: bool) -> None:
-    """``encode_masked`` (no offsets for the run copies) against the overlap rule on the whole text's offsets,
-    for assistant spans around, inside and across the media spans."""
-    _, offsets = _truth(tok, text, add_special)
-    n = len(text)
-    for spans in ([], [(0, n)], [(0, n // 3), (n // 2, n)], [(a + 1, b + 2) for a, b in media], [(n // 4, n // 4 + 1)]):
-        ids, mask = encoder.encode_masked(text, media, add_special, spans)
-        inside = [any(a < e and b > s for s, e in spans) for a, b in offsets]
-        expect = [int(i and not any(a < e and b > s for s, e in media)) for i, (a, b) in zip(inside, offsets)]
-        assert ids == _truth(tok, text, add_special)[0]
-        assert mask.dtype == np.uint8 and mask.tolist() == expect, (spans, text[:200])
