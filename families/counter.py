@@ -102,23 +102,6 @@ class CounterClass(Protocol):
     def from_processor(self, bundle: ProcessorBundle) -> MediaCounter: ...
 
 
-def number_items(counter: object, counts: list[MediaCount]) -> list[MediaCount]:
-    """Each item numbered by its place among its sample's items of its kind (0, 1, ...).
-
-    A counter whose expansion names that place (MiniCPM-V's ``<image_id>k</image_id>``) defines
-    ``numbered(count, index)``; ``count_image`` / ``count_video`` alone answer for index 0.
-    """
-    numbered = getattr(counter, "numbered", None)
-    if numbered is None:
-        return counts
-    seen: dict[str, int] = {}
-    out = []
-    for count in counts:
-        out.append(numbered(count, seen.get(count.kind, 0)))
-        seen[count.kind] = seen.get(count.kind, 0) + 1
-    return out
-
-
 IMAGE_ATTENTION = ("causal", "bidirectional")
 
 

@@ -156,7 +156,10 @@ class SampleTokenizer:
         return text
 
     def _counts(self, memo: CountMemo, media: list[MediaItem], sampling: VideoSampling) -> list[tuple[str, MediaCount]]:
-        """Each item's formatted ref and count, numbered by its place among its sample's items of its kind."""
+        """Each item's formatted ref and count, numbered by its place among its sample's items of its kind.
+
+        A counter whose expansion names that place (MiniCPM-V's ``<image_id>k</image_id>``) defines
+        ``numbered(count, index)``, which the memo applies; ``count_image`` / ``count_video`` answer for index 0."""
         places = {"image": 0, "video": 0}
         counts = []
         for item in media:
