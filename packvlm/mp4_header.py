@@ -48,8 +48,10 @@ from __future__ import annotations
 import functools
 import io
 import math
+import os
 import struct
 from array import array
+from collections.abc import Callable
 from typing import IO, NamedTuple
 
 _INT_MAX = 2**31 - 1
@@ -66,6 +68,10 @@ _ENTRY_CHILDREN = frozenset({b"esds", b"avcC", b"btrt", b"pasp", b"colr", b"uuid
 _VOP_HEAD_BYTES = 64  # of the first MPEG-4 packet: its GOP and VOP headers
 _IPOD_UUID = bytes.fromhex("6b6840f25f244fc5ba39a51bcf0323f3")  # the ipod muxer's; libavformat skips it
 _AVC_HIGH_PROFILES = frozenset({100, 110, 122, 244, 44, 83, 86, 118, 128, 138, 139, 134, 135})
+_BOX = struct.Struct(">I4s")  # a box's size and type
+_U32 = struct.Struct(">I")
+_WORDS_ARE_U32 = array("I").itemsize == 4  # the sample tables are read as arrays of these
+_SWAP_WORDS = _WORDS_ARE_U32 and array("I", b"\0\0\0\1")[0] != 1  # a little-endian host
 
 
 class _Unsure(Exception):
@@ -81,23 +87,57 @@ class Mp4Video(NamedTuple):
     height: int
 
 
-def read_mp4_video(fh: IO[bytes]) -> Mp4Video | None:
+def read_mp4_video(fh: IO[bytes] | FileBlocks) -> Mp4Video | None:
     """The first video stream's frame count, fps and size as PyAV reports them, or ``None`` to ask PyAV."""
     try:
-        return _read(fh)
+        if isinstance(fh, FileBlocks):
+            return _read(fh.read_at, fh.size)
+        return _read(functools.partial(_seek_read, fh), fh.seek(0, io.SEEK_END))
     except (_Unsure, struct.error, IndexError, KeyError, ValueError):
         return None
 
 
-def _read(fh: IO[bytes]) -> Mp4Video:
-    file_size = fh.seek(0, io.SEEK_END)
+class FileBlocks:
+    """A regular file's bytes by position, read with ``os.pread`` in blocks and kept: a clip's
+    head (``ftyp``, the ``mdat`` header, the first packet) and a ``moov`` at its end cost one
+    read each, where seeking a file object reads box by box. ``size`` is the file's (``fstat``)."""
+
+    __slots__ = ("block", "fd", "size", "_blocks")
+
+    def __init__(self, fd: int, size: int, block: int = 8192) -> None:
+        self.fd, self.size, self.block = fd, size, block
+        self._blocks: list[tuple[int, bytes]] = []
+
+    def read_at(self, pos: int, n: int) -> bytes:
+        """What ``seek(pos)`` then ``read(n)`` returns: ``n`` bytes, fewer at the end of the file."""
+        if n <= 0:
+            return b""
+        for start, data in self._blocks:
+            if start <= pos and pos + n <= start + len(data):
+                return data[pos - start : pos - start + n]
+        want = max(n, min(self.block, self.size - pos))  # a block, or up to the end of the file
+        data = os.pread(self.fd, want, pos)
+        while len(data) < want:  # a short read: the end of the file, or a signal
+            more = os.pread(self.fd, want - len(data), pos + len(data))
+            if not more:
+                break
+            data += more
+        self._blocks.append((pos, data))
+        return data[:n]
+
+
+def _seek_read(fh: IO[bytes], pos: int, n: int) -> bytes:
+    fh.seek(pos)
+    return fh.read(n)
+
+
+def _read(read_at: Callable[[int, int], bytes], file_size: int) -> Mp4Video:
     pos, moov = 0, None
     while pos < file_size:
-        fh.seek(pos)
-        head = fh.read(16)
+        head = read_at(pos, 16)
         if len(head) < 8:
             raise _Unsure
-        size, kind = struct.unpack_from(">I4s", head)
+        size, kind = _BOX.unpack_from(head)
         header = 8
         if size == 1:
             if len(head) < 16:
@@ -106,11 +146,11 @@ def _read(fh: IO[bytes]) -> Mp4Video:
         if kind not in _TOP_LEVEL or size < header or pos + size > file_size or (pos == 0) != (kind == b"ftyp"):
             raise _Unsure
         if kind == b"ftyp":
-            _check_ftyp((head[header:] + fh.read(max(0, size - 16)))[: size - header])
+            _check_ftyp((head[header:] + read_at(pos + 16, max(0, size - 16)))[: size - header])
         elif kind == b"moov":
             if moov is not None:
                 raise _Unsure
-            moov = (head[header:] + fh.read(max(0, size - 16)))[: size - header]
+            moov = (head[header:] + read_at(pos + 16, max(0, size - 16)))[: size - header]
             if len(moov) != size - header:
                 raise _Unsure
         pos += size
@@ -121,8 +161,7 @@ def _read(fh: IO[bytes]) -> Mp4Video:
         offset, size = vol.first_sample
         if offset + size > file_size:
             raise _Unsure
-        fh.seek(offset)
-        _check_first_vop(fh.read(min(size, _VOP_HEAD_BYTES)), size, vol, video.width, video.height)
+        _check_first_vop(read_at(offset, min(size, _VOP_HEAD_BYTES)), size, vol, video.width, video.height)
     return video
 
 
@@ -177,7 +216,7 @@ def _ascii(data: bytes) -> None:
 def _box_list(data: bytes) -> list[tuple[bytes, bytes]]:
     out, pos, end = [], 0, len(data)
     while pos < end:
-        size, kind = struct.unpack_from(">I4s", data, pos)
+        size, kind = _BOX.unpack_from(data, pos)
         if size < 8 or pos + size > end:
             raise _Unsure
         out.append((kind, data[pos + 8 : pos + size]))
@@ -189,12 +228,14 @@ def _boxes(data: bytes, allowed: frozenset[bytes]) -> dict[bytes, bytes]:
     """A box's children by type: each once, each of an allowed type, filling ``data`` exactly."""
     out: dict[bytes, bytes] = {}
     pos, end = 0, len(data)
+    unpack = _BOX.unpack_from
     while pos < end:
-        size, kind = struct.unpack_from(">I4s", data, pos)
-        if size < 8 or pos + size > end or kind not in allowed or kind in out:
+        size, kind = unpack(data, pos)
+        after = pos + size
+        if size < 8 or after > end or kind not in allowed or kind in out:
             raise _Unsure
-        out[kind] = data[pos + 8 : pos + size]
-        pos += size
+        out[kind] = data[pos + 8 : after]
+        pos = after
     return out
 
 
@@ -203,7 +244,7 @@ def _traks(moov: bytes) -> list[bytes]:
     traks, rest, pos = [], bytearray(), 0
     end = len(moov)
     while pos < end:
-        size, kind = struct.unpack_from(">I4s", moov, pos)
+        size, kind = _BOX.unpack_from(moov, pos)
         if size < 8 or pos + size > end:
             raise _Unsure
         if kind == b"trak":
@@ -260,7 +301,7 @@ def _check_dref(dref: bytes) -> None:
     """Data references all in this file: ``url `` or ``alis`` entries with only their flags."""
     _full_box(dref)
     entries = _box_list(dref[8:])
-    if not entries or struct.unpack_from(">I", dref, 4)[0] != len(entries):
+    if not entries or _U32.unpack_from(dref, 4)[0] != len(entries):
         raise _Unsure
     if any(kind not in (b"url ", b"alis") or payload != b"\0\0\0\1" for kind, payload in entries):
         raise _Unsure
@@ -291,9 +332,9 @@ def _video_track(moov: bytes) -> tuple[Mp4Video, _Vol | None]:
 def _sample_entry(stsd: bytes) -> tuple[bytes, bytes]:
     """The one sample description's fourcc and body."""
     _full_box(stsd)
-    if struct.unpack_from(">I", stsd, 4)[0] != 1:
+    if _U32.unpack_from(stsd, 4)[0] != 1:
         raise _Unsure
-    size, fourcc = struct.unpack_from(">I4s", stsd, 8)
+    size, fourcc = _BOX.unpack_from(stsd, 8)
     if len(stsd) != 8 + size:
         raise _Unsure
     return fourcc, stsd[16 : 8 + size]
@@ -324,7 +365,7 @@ def _one_edit(edts: bytes) -> int:
     elst = _boxes(edts, frozenset({b"elst"}))[b"elst"]
     version = _full_box(elst, (0, 1))
     entry = 20 if version == 1 else 12
-    if struct.unpack_from(">I", elst, 4)[0] != 1 or len(elst) != 8 + entry:
+    if _U32.unpack_from(elst, 4)[0] != 1 or len(elst) != 8 + entry:
         raise _Unsure
     media_time: int = struct.unpack_from(">q" if version == 1 else ">i", elst, 16 if version == 1 else 12)[0]
     return media_time
@@ -335,7 +376,7 @@ def _timescale(mdhd: bytes) -> int:
     offset = 20 if version == 1 else 12
     if len(mdhd) < offset + (12 if version == 1 else 8):
         raise _Unsure
-    timescale: int = struct.unpack_from(">I", mdhd, offset)[0]
+    timescale: int = _U32.unpack_from(mdhd, offset)[0]
     if not 0 < timescale <= _INT_MAX:
         raise _Unsure
     return timescale
@@ -344,13 +385,13 @@ def _timescale(mdhd: bytes) -> int:
 def _table(payload: bytes, entry_words: int) -> array[int]:
     """A full box's count-prefixed table of big-endian 32-bit words, which must fill the box."""
     _full_box(payload)
-    count = struct.unpack_from(">I", payload, 4)[0]
+    count = _U32.unpack_from(payload, 4)[0]
     if len(payload) != 8 + 4 * entry_words * count:
         raise _Unsure
-    words = array("I", payload[8:])
-    if words.itemsize != 4:
+    if not _WORDS_ARE_U32:
         raise _Unsure
-    if array("I", b"\0\0\0\1")[0] != 1:
+    words = array("I", payload[8:])
+    if _SWAP_WORDS:
         words.byteswap()
     return words
 
@@ -381,7 +422,7 @@ def _stsz(stsz: bytes) -> tuple[int, int]:
     sample_size, count = struct.unpack_from(">II", stsz, 4)
     if len(stsz) != 12 + (0 if sample_size else 4 * count):
         raise _Unsure
-    first = sample_size or (struct.unpack_from(">I", stsz, 12)[0] if count else 0)
+    first = sample_size or (_U32.unpack_from(stsz, 12)[0] if count else 0)
     return int(count), int(first)
 
 

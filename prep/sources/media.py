@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import stat
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ from typing import IO, TYPE_CHECKING
 from PIL import UnidentifiedImageError
 
 from packvlm.image_header import DECODE_LIMIT_PIXELS, ImageTooLarge, read_image_header
-from packvlm.mp4_header import read_mp4_video
+from packvlm.mp4_header import FileBlocks, Mp4Video, read_mp4_video
 from schemas.dataset_config import ConfigError
 from schemas.media import VideoMeta
 from schemas.media_ref import MediaRef
@@ -138,8 +139,21 @@ def image_header(ref: MediaRef, pool: LmdbPool, max_pixels: int = DECODE_LIMIT_P
         return _read_header(io.BytesIO(pool.get(ref)), ref.format(), max_pixels)
     if ref.is_table_cell:
         return _read_header(io.BytesIO(_cell(ref)), ref.format(), max_pixels)
-    with _open_file(ref.path, buffering=0) as fh:  # unbuffered: a JPEG header is one read
-        return _read_header(fh, ref.path, max_pixels)
+    with open_image_file(ref.path) as fh:
+        return read_image_file(fh, ref.path, max_pixels, os.fstat(fh.fileno()))
+
+
+def open_image_file(path: str) -> IO[bytes]:
+    """``path`` opened for `read_image_file` (unbuffered: a JPEG header is one read), or `MediaError`
+    saying why it cannot be (missing, a directory, a loop, no permission)."""
+    return _open_file(path, buffering=0)
+
+
+def read_image_file(fh: IO[bytes], path: str, max_pixels: int, st: os.stat_result) -> ImageHeader:
+    """`image_header` of the file at ``path`` open as ``fh`` (`open_image_file`), whose ``fstat`` is ``st``
+    (taken before any read, as `prep.sources.header_memo` needs): a regular file is sized by ``st`` and
+    its end marker read by position, no seeks."""
+    return _read_header(fh, path, max_pixels, st.st_size if stat.S_ISREG(st.st_mode) else None)
 
 
 @contextmanager
@@ -165,7 +179,8 @@ def _open_file(path: str, buffering: int = -1) -> IO[bytes]:
         raise
 
 
-def _read_header(fh: IO[bytes], uri: str, max_pixels: int) -> ImageHeader:
+def _read_header(fh: IO[bytes], uri: str, max_pixels: int, file_size: int | None = None) -> ImageHeader:
+    """The header of the image in ``fh``; ``file_size`` (a regular file's ``fstat``), else ``fh`` is sought."""
     try:
         header = read_image_header(fh, max_pixels)
     except ImageTooLarge as exc:
@@ -176,20 +191,26 @@ def _read_header(fh: IO[bytes], uri: str, max_pixels: int) -> ImageHeader:
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a recognised image format") from exc
     except (OSError, SyntaxError, ValueError, struct.error) as exc:
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a readable image ({exc})") from exc
-    num_bytes = fh.seek(0, io.SEEK_END)
-    _check_trailer(fh, header.format, num_bytes, uri)
+    num_bytes = fh.seek(0, io.SEEK_END) if file_size is None else file_size
+    _check_trailer(fh, header.format, num_bytes, uri, positional=file_size is not None)
     if header.width < 1 or header.height < 1:
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: empty image {header.stored_width}x{header.stored_height}")
     return ImageHeader(width=header.width, height=header.height, num_bytes=num_bytes)
 
 
-def _check_trailer(fh: IO[bytes], fmt: str | None, num_bytes: int, uri: str) -> None:
-    """Truncated files pass a header read but fail to decode later: check the end marker."""
+def _check_trailer(fh: IO[bytes], fmt: str | None, num_bytes: int, uri: str, *, positional: bool = False) -> None:
+    """Truncated files pass a header read but fail to decode later: check the end marker (``positional``:
+    ``fh`` is a regular file, read with one ``pread`` instead of a seek and a read)."""
     marker = _END_MARKERS.get(fmt or "")
     if marker is None:
         return
-    start = fh.seek(max(0, num_bytes - 64))
-    if marker not in fh.read(num_bytes - start):  # one read even unbuffered (``read()`` makes three)
+    start = max(0, num_bytes - 64)
+    if positional:
+        tail = os.pread(fh.fileno(), num_bytes - start, start)
+    else:
+        fh.seek(start)
+        tail = fh.read(num_bytes - start)  # one read even unbuffered (``read()`` makes three)
+    if marker not in tail:
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: truncated {fmt} (no end marker)")
 
 
@@ -205,8 +226,9 @@ def _cell(ref: MediaRef) -> bytes:
 
 def video_header(ref: MediaRef) -> VideoHeader:
     """Container metadata and file size of a video, without decoding frames."""
-    meta = video_meta(ref)  # raises MediaError unless ref is a readable video file or table cell
-    num_bytes = len(_cell(ref)) if ref.is_table_cell else os.stat(ref.path).st_size
+    meta, num_bytes = _video(ref)  # raises MediaError unless ref is a readable video file or table cell
+    if num_bytes is None:
+        num_bytes = len(_cell(ref)) if ref.is_table_cell else os.stat(ref.path).st_size
     return VideoHeader(meta=meta, num_bytes=num_bytes)
 
 
@@ -216,20 +238,50 @@ def video_meta(ref: MediaRef) -> VideoMeta:
     MP4/MOV files are read from their ``moov`` box (`packvlm.mp4_header`, ~5x cheaper than
     opening PyAV) where that parser vouches for PyAV's answer; everything else opens PyAV.
     """
+    return _video(ref)[0]
+
+
+def _video(ref: MediaRef) -> tuple[VideoMeta, int | None]:
+    """`video_meta`'s answer, and the file's size where a regular file was opened (its ``fstat``)."""
     if ref.key is not None:
         raise MediaError(Reason.BAD_VIDEO, f"{ref.format()}: videos are read from files, not LMDB")
     source: str | IO[bytes]
+    num_bytes = None
     if ref.is_table_cell:
         source = cell = io.BytesIO(_cell(ref))
         header = read_mp4_video(cell)
         cell.seek(0)  # PyAV reads a stream from where it stands
     else:
-        with open_media_file(ref.path) as fh:  # says why it cannot be read: av's errors do not
-            header = read_mp4_video(fh)
+        header, num_bytes = _file_mp4(ref.path)
         source = ref.path
     if header is not None:  # MP4/MOV whose moov answers exactly what PyAV would
-        return VideoMeta(num_frames=header.num_frames, fps=header.fps, width=header.width, height=header.height)
-    uri = ref.format()
+        meta = VideoMeta(num_frames=header.num_frames, fps=header.fps, width=header.width, height=header.height)
+        return meta, num_bytes
+    return _pyav_meta(source, ref.format()), num_bytes
+
+
+def _file_mp4(path: str) -> tuple[Mp4Video | None, int | None]:
+    """`read_mp4_video` of the file at ``path`` and its size: a regular file opened once, sized by
+    ``fstat`` and read by position (`FileBlocks`: two reads for most clips); anything else (missing,
+    a directory, a pipe) as `open_media_file` opens it, which says why it cannot be read (av's errors
+    do not), with no size."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (OSError, ValueError):
+        pass
+    else:
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                return read_mp4_video(FileBlocks(fd, st.st_size)), st.st_size
+        finally:
+            os.close(fd)
+    with open_media_file(path) as fh:
+        return read_mp4_video(fh), None
+
+
+def _pyav_meta(source: str | IO[bytes], uri: str) -> VideoMeta:
+    """What PyAV reports for the first video stream of ``source`` (a path or a stream at its start)."""
     import av  # deferred: PyAV is only needed for datasets with video
 
     try:

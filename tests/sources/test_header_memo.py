@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from PIL import Image
 
 from prep.sources import header_memo
 from prep.sources.header_memo import HeaderMemo
-from prep.sources.media import LmdbPool, MediaError, image_header
+from prep.sources.media import LmdbPool, MediaError, image_header, read_image_file
 from schemas.media_ref import MediaRef
 
 
@@ -29,11 +30,11 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every full header read the memo makes."""
     calls: list[str] = []
 
-    def counted(ref: MediaRef, pool: LmdbPool, max_pixels: int) -> object:
-        calls.append(ref.path)
-        return image_header(ref, pool, max_pixels)
+    def counted(fh: IO[bytes], path: str, max_pixels: int, st: os.stat_result) -> object:
+        calls.append(path)
+        return read_image_file(fh, path, max_pixels, st)
 
-    monkeypatch.setattr(header_memo, "image_header", counted)
+    monkeypatch.setattr(header_memo, "read_image_file", counted)
     return calls
 
 
@@ -101,7 +102,10 @@ def test_errors_are_not_kept_and_a_vanished_file_is_missing(tmp_path, reads, lat
     with pytest.raises(MediaError) as err:
         memo.image_header(ref, pool)
     assert err.value.reason == "missing_media"
-    assert len(reads) == 4
+    with pytest.raises(MediaError) as truth:
+        image_header(ref, pool)
+    assert str(err.value) == str(truth.value)
+    assert len(reads) == 3  # the vanished file fails to open, before any read
 
 
 def test_oldest_header_leaves_first(tmp_path, reads, later):
