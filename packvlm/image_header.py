@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import io
+import os
 import re
 import struct
 import warnings
@@ -38,11 +39,11 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, cast
 
 from PIL import Image, TiffImagePlugin
 
-from packvlm.jpeg_header import read_jpeg_header
+from packvlm.jpeg_header import JpegHeader, read_jpeg_header
 
 #: where PIL's decoder refuses (`Image.DecompressionBombError`), so what training can decode at all
 DECODE_LIMIT_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0)
@@ -142,13 +143,7 @@ def read_image_header(fh: IO[bytes], max_pixels: int = DECODE_LIMIT_PIXELS) -> I
     """
     jpeg = read_jpeg_header(fh)
     if jpeg is not None:
-        _check_pixels(jpeg.stored_width, jpeg.stored_height, max_pixels)
-        return ImageHeaderInfo(
-            stored_width=jpeg.stored_width,
-            stored_height=jpeg.stored_height,
-            format="JPEG",
-            orientation=jpeg.orientation,
-        )
+        return _jpeg_info(jpeg, max_pixels)
     if isinstance(fh, io.RawIOBase):  # an unbuffered file (read once above): PIL reads a few bytes at a time
         buffered = io.BufferedReader(fh)
         try:
@@ -157,6 +152,42 @@ def read_image_header(fh: IO[bytes], max_pixels: int = DECODE_LIMIT_PIXELS) -> I
             if not buffered.closed:  # PIL closes it (and so the file) refusing past an odd limit, as before
                 buffered.detach()  # the caller's file stays open
     return _read_with_pil(fh, max_pixels)
+
+
+def read_image_fd(fd: int, max_pixels: int = DECODE_LIMIT_PIXELS) -> ImageHeaderInfo:
+    """`read_image_header` of the regular file open as ``fd``, without a file object where it can:
+    the JPEG path reads by position (``pread``); anything else goes to `read_image_header` on an
+    unbuffered view of ``fd`` (left open)."""
+    jpeg = read_jpeg_header(cast(IO[bytes], _Positional(fd)))
+    if jpeg is not None:
+        return _jpeg_info(jpeg, max_pixels)
+    with io.FileIO(fd, "rb", closefd=False) as fh:
+        return read_image_header(fh, max_pixels)
+
+
+class _Positional:
+    """What `read_jpeg_header` asks of a file (seek to a position, read forward), as ``pread`` calls."""
+
+    __slots__ = ("fd", "pos")
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.pos = fd, 0
+
+    def seek(self, pos: int) -> int:
+        self.pos = pos
+        return pos
+
+    def read(self, n: int) -> bytes:
+        data = os.pread(self.fd, n, self.pos)
+        self.pos += len(data)
+        return data
+
+
+def _jpeg_info(jpeg: JpegHeader, max_pixels: int) -> ImageHeaderInfo:
+    _check_pixels(jpeg.stored_width, jpeg.stored_height, max_pixels)
+    return ImageHeaderInfo(
+        stored_width=jpeg.stored_width, stored_height=jpeg.stored_height, format="JPEG", orientation=jpeg.orientation
+    )
 
 
 def _read_with_pil(fh: IO[bytes], max_pixels: int) -> ImageHeaderInfo:

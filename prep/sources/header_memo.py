@@ -23,7 +23,7 @@ import os
 import time
 
 from packvlm.image_header import DECODE_LIMIT_PIXELS
-from prep.sources.media import ImageHeader, LmdbPool, image_header, open_image_file, read_image_file
+from prep.sources.media import ImageHeader, LmdbPool, image_header, open_image_fd, read_image_file
 from schemas.media_ref import MediaRef
 
 #: a file changed this recently (ns) is read again next time: timestamps are coarse (a tick)
@@ -50,13 +50,16 @@ class HeaderMemo:
         """What `prep.sources.media.image_header` returns (or raises) for ``ref``."""
         if ref.key is not None or ref.row is not None:
             return image_header(ref, pool, max_pixels)
-        with open_image_file(ref.path) as fh:  # raises what image_header raises
-            st = os.fstat(fh.fileno())  # the stamp of the very file read below, before the read
+        fd = open_image_fd(ref.path)  # raises what image_header raises
+        try:
+            st = os.fstat(fd)  # the stamp of the very file read below, before the read
             stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, max_pixels)
             kept = self._headers.get(ref.path)
             if kept is not None and kept[0] == stamp:
                 return kept[1]
-            header = read_image_file(fh, ref.path, max_pixels, st)
+            header = read_image_file(fd, ref.path, max_pixels, st)
+        finally:
+            os.close(fd)
         if _clock_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= SETTLED_NS and self.max_headers > 0:
             if kept is None and len(self._headers) >= self.max_headers:
                 del self._headers[next(iter(self._headers))]

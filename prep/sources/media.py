@@ -32,7 +32,13 @@ from typing import IO, TYPE_CHECKING
 
 from PIL import UnidentifiedImageError
 
-from packvlm.image_header import DECODE_LIMIT_PIXELS, ImageTooLarge, read_image_header
+from packvlm.image_header import (
+    DECODE_LIMIT_PIXELS,
+    ImageHeaderInfo,
+    ImageTooLarge,
+    read_image_fd,
+    read_image_header,
+)
 from packvlm.mp4_header import FileBlocks, Mp4Video, read_mp4_video
 from schemas.dataset_config import ConfigError
 from schemas.media import VideoMeta
@@ -139,21 +145,41 @@ def image_header(ref: MediaRef, pool: LmdbPool, max_pixels: int = DECODE_LIMIT_P
         return _read_header(io.BytesIO(pool.get(ref)), ref.format(), max_pixels)
     if ref.is_table_cell:
         return _read_header(io.BytesIO(_cell(ref)), ref.format(), max_pixels)
-    with open_image_file(ref.path) as fh:
-        return read_image_file(fh, ref.path, max_pixels, os.fstat(fh.fileno()))
+    fd = open_image_fd(ref.path)
+    try:
+        return read_image_file(fd, ref.path, max_pixels, os.fstat(fd))
+    finally:
+        os.close(fd)
 
 
-def open_image_file(path: str) -> IO[bytes]:
-    """``path`` opened for `read_image_file` (unbuffered: a JPEG header is one read), or `MediaError`
-    saying why it cannot be (missing, a directory, a loop, no permission)."""
-    return _open_file(path, buffering=0)
+def open_image_fd(path: str) -> int:
+    """A descriptor of the file at ``path`` for `read_image_file`, or `MediaError` saying why it cannot
+    be opened (missing, a loop, no permission; a directory opens, and `read_image_file` says so)."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except (OSError, ValueError):
+        with _open_file(path, buffering=0) as fh:  # raises the error that says why (or the OSError itself)
+            return os.dup(fh.fileno())  # the file appeared meanwhile
 
 
-def read_image_file(fh: IO[bytes], path: str, max_pixels: int, st: os.stat_result) -> ImageHeader:
-    """`image_header` of the file at ``path`` open as ``fh`` (`open_image_file`), whose ``fstat`` is ``st``
-    (taken before any read, as `prep.sources.header_memo` needs): a regular file is sized by ``st`` and
-    its end marker read by position, no seeks."""
-    return _read_header(fh, path, max_pixels, st.st_size if stat.S_ISREG(st.st_mode) else None)
+def read_image_file(fd: int, path: str, max_pixels: int, st: os.stat_result) -> ImageHeader:
+    """`image_header` of the file at ``path`` open as ``fd`` (`open_image_fd`), whose ``fstat`` is ``st``
+    (taken before any read, as `prep.sources.header_memo` needs). A regular file is read by position
+    (``pread``: no file object, no seeks) and sized by ``st``; anything else (a directory, a device)
+    is opened by path and read as a stream, which says why it cannot be read."""
+    if not stat.S_ISREG(st.st_mode):
+        with _open_file(path, buffering=0) as fh:
+            return _read_header(fh, path, max_pixels)
+    try:
+        header = read_image_fd(fd, max_pixels)
+    except _HEADER_ERRORS as exc:
+        raise _header_error(exc, path) from exc
+    num_bytes = st.st_size
+    marker = _END_MARKERS.get(header.format or "")
+    if marker is not None:
+        start = max(0, num_bytes - 64)
+        _check_trailer(marker, os.pread(fd, num_bytes - start, start), header.format, path)
+    return _sized(header, num_bytes, path)
 
 
 @contextmanager
@@ -179,39 +205,41 @@ def _open_file(path: str, buffering: int = -1) -> IO[bytes]:
         raise
 
 
-def _read_header(fh: IO[bytes], uri: str, max_pixels: int, file_size: int | None = None) -> ImageHeader:
-    """The header of the image in ``fh``; ``file_size`` (a regular file's ``fstat``), else ``fh`` is sought."""
+def _read_header(fh: IO[bytes], uri: str, max_pixels: int) -> ImageHeader:
     try:
         header = read_image_header(fh, max_pixels)
-    except ImageTooLarge as exc:
-        raise MediaError(
-            Reason.IMAGE_TOO_LARGE, f"{uri}: {exc} (a decompression bomb, or a scan to downsize first)"
-        ) from exc
-    except UnidentifiedImageError as exc:  # its message embeds a memory address: keep output deterministic
-        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a recognised image format") from exc
-    except (OSError, SyntaxError, ValueError, struct.error) as exc:
-        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a readable image ({exc})") from exc
-    num_bytes = fh.seek(0, io.SEEK_END) if file_size is None else file_size
-    _check_trailer(fh, header.format, num_bytes, uri, positional=file_size is not None)
+    except _HEADER_ERRORS as exc:
+        raise _header_error(exc, uri) from exc
+    num_bytes = fh.seek(0, io.SEEK_END)
+    marker = _END_MARKERS.get(header.format or "")
+    if marker is not None:
+        start = fh.seek(max(0, num_bytes - 64))
+        _check_trailer(marker, fh.read(num_bytes - start), header.format, uri)  # one read even unbuffered
+    return _sized(header, num_bytes, uri)
+
+
+_HEADER_ERRORS = (ImageTooLarge, OSError, SyntaxError, ValueError, struct.error)
+
+
+def _header_error(exc: Exception, uri: str) -> MediaError:
+    """Why the header of ``uri`` cannot be read, as an error row says it."""
+    if isinstance(exc, ImageTooLarge):
+        return MediaError(Reason.IMAGE_TOO_LARGE, f"{uri}: {exc} (a decompression bomb, or a scan to downsize first)")
+    if isinstance(exc, UnidentifiedImageError):  # its message embeds a memory address: keep output deterministic
+        return MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a recognised image format")
+    return MediaError(Reason.CORRUPT_IMAGE, f"{uri}: not a readable image ({exc})")
+
+
+def _check_trailer(marker: bytes, tail: bytes, fmt: str | None, uri: str) -> None:
+    """Truncated files pass a header read but fail to decode later: the end marker must be in the last bytes."""
+    if marker not in tail:
+        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: truncated {fmt} (no end marker)")
+
+
+def _sized(header: ImageHeaderInfo, num_bytes: int, uri: str) -> ImageHeader:
     if header.width < 1 or header.height < 1:
         raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: empty image {header.stored_width}x{header.stored_height}")
     return ImageHeader(width=header.width, height=header.height, num_bytes=num_bytes)
-
-
-def _check_trailer(fh: IO[bytes], fmt: str | None, num_bytes: int, uri: str, *, positional: bool = False) -> None:
-    """Truncated files pass a header read but fail to decode later: check the end marker (``positional``:
-    ``fh`` is a regular file, read with one ``pread`` instead of a seek and a read)."""
-    marker = _END_MARKERS.get(fmt or "")
-    if marker is None:
-        return
-    start = max(0, num_bytes - 64)
-    if positional:
-        tail = os.pread(fh.fileno(), num_bytes - start, start)
-    else:
-        fh.seek(start)
-        tail = fh.read(num_bytes - start)  # one read even unbuffered (``read()`` makes three)
-    if marker not in tail:
-        raise MediaError(Reason.CORRUPT_IMAGE, f"{uri}: truncated {fmt} (no end marker)")
 
 
 def _cell(ref: MediaRef) -> bytes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import IO
 
 import pytest
 from PIL import Image
@@ -30,9 +29,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every full header read the memo makes."""
     calls: list[str] = []
 
-    def counted(fh: IO[bytes], path: str, max_pixels: int, st: os.stat_result) -> object:
+    def counted(fd: int, path: str, max_pixels: int, st: os.stat_result) -> object:
         calls.append(path)
-        return read_image_file(fh, path, max_pixels, st)
+        return read_image_file(fd, path, max_pixels, st)
 
     monkeypatch.setattr(header_memo, "read_image_file", counted)
     return calls

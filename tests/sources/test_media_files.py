@@ -155,3 +155,25 @@ def test_the_memo_reads_a_file_renamed_over_the_kept_one(tmp_path: Path, monkeyp
     os.replace(_jpeg(tmp_path / "b.jpg", (20, 10)), path)
     got = memo.image_header(ref, pool)
     assert got == image_header(ref, pool) and (got.width, got.num_bytes) == (20, os.stat(path).st_size)
+
+
+def test_files_that_cannot_be_opened_say_why_as_before(tmp_path: Path) -> None:
+    """A missing file, a directory and a symlink loop: ``missing_media`` with the messages of ``open_media_file``,
+    for images (with and without the memo) and videos."""
+    loop = tmp_path / "loop.jpg"
+    loop.symlink_to(loop)
+    cases = {
+        tmp_path / "nope.jpg": "file {!r} does not exist",
+        tmp_path: "{!r} is a directory, not a file",
+        loop: "{!r} is a symlink loop",
+    }
+    for path, message in cases.items():
+        ref = MediaRef(path=str(path))
+        for read in (
+            lambda r: image_header(r, LmdbPool()),
+            lambda r: HeaderMemo().image_header(r, LmdbPool()),
+            video_header,
+        ):
+            with pytest.raises(MediaError) as err:
+                read(ref)
+            assert (err.value.reason, str(err.value)) == ("missing_media", message.format(str(path)))
