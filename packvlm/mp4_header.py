@@ -59,12 +59,16 @@ _MAX_STTS_DELTA = 2**32 - 1 - 48000 * 10  # libavformat's default ``max_stts_del
 _TOP_LEVEL = frozenset({b"ftyp", b"free", b"skip", b"wide", b"mdat", b"moov"})
 _MOOV_CHILDREN = frozenset({b"mvhd", b"trak", b"iods", b"udta", b"free", b"skip"})
 _TRAK_CHILDREN = frozenset({b"tkhd", b"mdia", b"edts", b"free", b"skip"})
+_MOOV_OTHER_CHILDREN = _MOOV_CHILDREN - {b"trak"}
+_EDTS_CHILDREN = frozenset({b"elst"})
 _MDIA_CHILDREN = frozenset({b"mdhd", b"hdlr", b"minf"})
 _MINF_CHILDREN = frozenset({b"vmhd", b"smhd", b"dinf", b"stbl", b"hdlr"})
+_DINF_CHILDREN = frozenset({b"dref"})
 _STBL_CHILDREN = frozenset(
     {b"stsd", b"stts", b"stsc", b"stsz", b"stco", b"co64", b"stss", b"ctts", b"sdtp", b"sgpd", b"sbgp"}
 )
 _ENTRY_CHILDREN = frozenset({b"esds", b"avcC", b"btrt", b"pasp", b"colr", b"uuid"})
+_AUDIO_ENTRY_CHILDREN = frozenset({b"esds", b"btrt"})
 _VOP_HEAD_BYTES = 64  # of the first MPEG-4 packet: its GOP and VOP headers
 _IPOD_UUID = bytes.fromhex("6b6840f25f244fc5ba39a51bcf0323f3")  # the ipod muxer's; libavformat skips it
 _AVC_HIGH_PROFILES = frozenset({100, 110, 122, 244, 44, 83, 86, 118, 128, 138, 139, 134, 135})
@@ -252,7 +256,7 @@ def _traks(moov: bytes) -> list[bytes]:
         else:
             rest += moov[pos : pos + size]
         pos += size
-    others = _boxes(bytes(rest), _MOOV_CHILDREN - {b"trak"})  # the other children: known, once each
+    others = _boxes(bytes(rest), _MOOV_OTHER_CHILDREN)  # the other children: known, once each
     if b"udta" in others:
         _check_udta(others[b"udta"])
     return traks
@@ -282,7 +286,7 @@ def _track(trak: bytes) -> _Track:
     if b"hdlr" in minf and _check_hdlr(minf[b"hdlr"]) not in (b"alis", b"url ", b"rsrc"):
         raise _Unsure  # a data handler; a media one retypes the stream
     if b"dinf" in minf:
-        _check_dref(_boxes(minf[b"dinf"], frozenset({b"dref"}))[b"dref"])
+        _check_dref(_boxes(minf[b"dinf"], _DINF_CHILDREN)[b"dref"])
     stbl = _boxes(minf[b"stbl"], _STBL_CHILDREN)
     num_frames, duration = _stts(stbl[b"stts"])
     chunks, first_chunk = _chunks(stbl)
@@ -320,7 +324,7 @@ def _video_track(moov: bytes) -> tuple[Mp4Video, _Vol | None]:
     if vol is not None:
         if video.edit_start:  # the first packet decoded is then another one
             raise _Unsure
-        vol = vol._replace(first_sample=video.first_sample)
+        vol = _Vol(vol.width, vol.height, vol.time_increment_bits, video.first_sample)
     common = math.gcd(video.timescale * video.num_frames, video.duration)
     num, den = video.timescale * video.num_frames // common, video.duration // common
     if num > _INT_MAX or den > _INT_MAX:
@@ -346,7 +350,7 @@ def _check_aac(stsd: bytes) -> None:
     fourcc, entry = _sample_entry(stsd)
     if fourcc != b"mp4a" or len(entry) < 28 or entry[8:10] != b"\0\0":  # version 0 sound description
         raise _Unsure
-    children = _boxes(entry[28:], frozenset({b"esds", b"btrt"}))
+    children = _boxes(entry[28:], _AUDIO_ENTRY_CHILDREN)
     config = _decoder_config(children[b"esds"], 0x40)
     if len(config) < 2:
         raise _Unsure
@@ -362,7 +366,7 @@ def _full_box(payload: bytes, versions: tuple[int, ...] = (0,)) -> int:
 
 
 def _one_edit(edts: bytes) -> int:
-    elst = _boxes(edts, frozenset({b"elst"}))[b"elst"]
+    elst = _boxes(edts, _EDTS_CHILDREN)[b"elst"]
     version = _full_box(elst, (0, 1))
     entry = 20 if version == 1 else 12
     if _U32.unpack_from(elst, 4)[0] != 1 or len(elst) != 8 + entry:
