@@ -42,10 +42,11 @@ class RunText:
                 pending.append(piece)
             elif isinstance(piece, RunText):
                 pending.append(piece.literals[0])
-                for run, literal in zip(piece.runs, piece.literals[1:], strict=True):
+                if piece.runs:
                     literals.append("".join(pending))
-                    runs.append(run)
-                    pending = [literal]
+                    literals += piece.literals[1:-1]
+                    runs += piece.runs
+                    pending = [piece.literals[-1]]
             elif piece[1] < 2:
                 pending.append(piece[0] * piece[1])
             else:

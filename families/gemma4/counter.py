@@ -50,7 +50,7 @@ import numpy as np
 from families.counter import MediaCount, MediaRejected
 from families.gemma4.settings import Gemma4Settings, Gemma4VideoSettings
 from families.processor import ProcessorBundle, ProcessorLoadError
-from families.run_text import Piece, RunText
+from families.run_text import RunText
 from packvlm.sample_error import SampleError
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
@@ -136,11 +136,11 @@ class Gemma4Counter:
     def expansion_runs(self, timestamps: list[float], per_frame: int) -> RunText:
         """``Gemma4Processor.replace_video_token``: per frame ``"mm:ss <|image>"`` + soft tokens + ``"<image|>"``,
         the frames joined by spaces."""
-        pieces: list[Piece] = []
-        for k, seconds in enumerate(timestamps):
-            stamp = f"{' ' if k else ''}{int(seconds // 60):02d}:{int(seconds % 60):02d} {self.boi_token}"
-            pieces += [stamp, (VIDEO_TOKEN, per_frame), self.eoi_token]
-        return RunText.of(pieces)
+        if not timestamps:
+            return RunText(("",), ())
+        stamps = [f"{int(seconds // 60):02d}:{int(seconds % 60):02d} {self.boi_token}" for seconds in timestamps]
+        between = [f"{self.eoi_token} {stamp}" for stamp in stamps[1:]]
+        return RunText((stamps[0], *between, self.eoi_token), ((VIDEO_TOKEN, per_frame),) * len(stamps))
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
         if not self.video.do_resize:

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 from families.counter import MediaCount, MediaRejected
 from families.kimi_k25.settings import KimiK25Settings
 from families.processor import ProcessorBundle
-from families.run_text import Piece, RunText
+from families.run_text import RunText
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 
@@ -138,10 +138,10 @@ class KimiK25Counter:
         times = [i / meta.fps for i in indices]
         chunks = range(0, len(indices), v.temporal_patch_size)
         begin, end = "<|media_begin|>video<|media_content|>", "<|media_end|>"
-        pieces: list[Piece] = []
-        for start in chunks:
-            pieces += [timestamp_text(times[start]), begin, (self.video_token, per_chunk), end]
-        text = RunText.of(pieces)
+        stamps = [timestamp_text(times[start]) + begin for start in chunks]
+        between = [end + stamp for stamp in stamps[1:]]
+        literals = (stamps[0], *between, end) if stamps else ("",)
+        text = RunText(literals, ((self.video_token, per_chunk),) * len(stamps))
         return MediaCount(
             kind="video",
             grid_t=len(chunks),

@@ -26,6 +26,7 @@ mask 0; a span ending at the full text's ``Cat`` ends at the short text's ``Cat`
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -94,34 +95,43 @@ class RunEncoder:
         return ids, pairs_mask(pairs, spans, media)
 
     def _cut(self, pieces: RunText) -> _Cut:
-        """The text of ``pieces`` with each run of a compressible token cut to its first copy."""
-        parts = [pieces.literals[0]]
-        at, drop = len(parts[0]), 0  # the short text's length so far; characters dropped so far
-        starts: list[int] = []
-        widths: list[int] = []
-        copies: list[int] = []
-        ids: list[int] = []
-        full_ends: list[int] = []
-        drops: list[int] = []
+        """The text of ``pieces`` with each run of a compressible token cut to its first copy.
+
+        Whole-list steps, not one per run: a video declares a run per frame (Gemma 4: 32 a clip)."""
+        literals, runs = pieces.literals, pieces.runs
+        tokens = [x for x, _ in runs]
+        copies = [count for _, count in runs]
+        if runs and (min(copies) < 2 or not all(map(self.compressible, set(tokens)))):
+            literals, runs = self._written_out(pieces)
+            tokens = [x for x, _ in runs]
+            copies = [count for _, count in runs]
+        parts = [""] * (2 * len(runs) + 1)
+        parts[0::2] = literals
+        parts[1::2] = tokens
+        widths = list(map(len, tokens))
+        starts = list(itertools.accumulate(map(len, parts[:-1])))[0::2]  # each kept copy's start
+        drops = list(itertools.accumulate((count - 1) * width for count, width in zip(copies, widths)))
+        return _Cut(
+            text="".join(parts),
+            starts=starts,
+            widths=widths,
+            copies=copies,
+            ids=[self.added[x][0] for x in tokens],
+            full_ends=list(map(sum, zip(starts, widths, drops))),
+            drops=drops,
+        )
+
+    def _written_out(self, pieces: RunText) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+        """``pieces`` with the runs that are not cut (one copy, or a token that does not compress) made
+        literal text."""
+        literals, runs = [pieces.literals[0]], []
         for (x, count), literal in zip(pieces.runs, pieces.literals[1:], strict=True):
             if count > 1 and self.compressible(x):
-                starts.append(at)
-                widths.append(len(x))
-                copies.append(count)
-                ids.append(self.added[x][0])
-                at += len(x)
-                drop += (count - 1) * len(x)
-                full_ends.append(at + drop)
-                drops.append(drop)
-                parts.append(x)
+                runs.append((x, count))
+                literals.append(literal)
             else:
-                at += len(x) * count
-                parts.append(x * count)
-            parts.append(literal)
-            at += len(literal)
-        return _Cut(
-            text="".join(parts), starts=starts, widths=widths, copies=copies, ids=ids, full_ends=full_ends, drops=drops
-        )
+                literals[-1] += x * count + literal
+        return tuple(literals), tuple(runs)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
