@@ -33,9 +33,16 @@ def place(expansions: list[RunText], pieces: list[str], spans: list[tuple[int, i
 
 
 def mask_truth(offsets: list[list[int]], spans: list[tuple[int, int]], media: tuple[tuple[int, int], ...]) -> list[int]:
-    """The overlap rule on the whole text's offsets, token by token."""
-    inside = [any(a < e and b > s for s, e in spans) for a, b in offsets]
-    return [int(i and not any(a < e and b > s for s, e in media)) for i, (a, b) in zip(inside, offsets, strict=True)]
+    """The overlap rule on the whole text's offsets (every token against every span)."""
+    if not offsets:
+        return []
+    a, b = np.asarray(offsets).T
+    inside = np.zeros(len(offsets), dtype=bool)
+    for s, e in spans:
+        inside |= (a < e) & (b > s)
+    for s, e in media:
+        inside &= ~((a < e) & (b > s))
+    return inside.astype(int).tolist()
 
 
 def span_sets(expanded: ExpandedText) -> list[list[tuple[int, int]]]:
