@@ -13,10 +13,10 @@ the pieces between matches (what BPE sees) are the same in both texts.
 The runs are the ones the counters declare (`families.run_text.RunText`, spliced in by
 `prep.tokenize.expansion`): the short text is built from the pieces, each run of a compressible
 token cut to one copy (any other run written out), and the whole text is never built unless
-the short text's tokens fail the check (`_Cut.kept`: each kept copy one token of its own
-offsets and id); then the whole text is tokenized as it is. Every run lies in a media span, so
-its copies' mask is 0; the other tokens' mask is the overlap rule with the spans moved onto the
-short text (`_Cut.short`).
+the short text's offsets decrease somewhere or its tokens fail the check (`_Cut.kept`: each kept
+copy one token of its own offsets and id); then the whole text is tokenized as it is. Every run
+lies in a media span, so its copies' mask is 0; the other tokens' mask is the overlap rule with
+the spans moved onto the short text (`_Cut.short`).
 
 Example: ``"Look:\\n\\n<boi>" + "<soft>" * 256 + "<eoi>\\n\\nCat"`` is tokenized as
 ``"Look:\\n\\n<boi><soft><eoi>\\n\\nCat"``, then the ``<soft>`` id is repeated 256 times with
