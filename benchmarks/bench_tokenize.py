@@ -185,7 +185,7 @@ def compare_paths(config_path: Path, processor_dir: Path, ours_repeats: int = 5)
     taken between shares of the reference.
 
     Before each sample the tokenizer forgets what it remembers per media item (counter answers,
-    image headers, expansion runs: :meth:`SampleTokenizer.forget_media`), as for a dataset whose files
+    image headers: :meth:`SampleTokenizer.forget_media`), as for a dataset whose files
     and sizes are all new (the bench's clips repeat, and every pass after the first sees the same
     images again); it keeps the chat template's shape cache, as a worker over a real dataset does
     (a few conversation shapes, many samples)."""

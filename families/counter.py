@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from families.processor import ProcessorBundle
+from families.run_text import RunText
 from schemas.dataset_config import VideoSampling
 from schemas.media import MediaKind, VideoMeta
 
@@ -34,15 +35,22 @@ class MediaCount:
     num_tokens: int  # placeholder (vision-embedding) tokens
     expansion: tuple[int, ...]  # token ids that replace the template's placeholder token
     # Text that replaces the placeholder token's text *before* tokenizing, for expansions whose
-    # text merges with its neighbours in BPE (Gemma 3's "\n\n", row newlines, timestamps).
-    # When set, ``expansion`` is unused.
-    expansion_text: str | None = None
+    # text merges with its neighbours in BPE (Gemma 3's "\n\n", row newlines, timestamps), as
+    # literal pieces and runs of one token (`expansion_text` is the whole text). When set,
+    # ``expansion`` is unused.
+    expansion_runs: RunText | None = None
     num_tiles: int = 1  # image arrays the processor makes of the item (tiles/crops + global view)
     frame_indices: tuple[int, ...] = ()
     timestamps: tuple[float, ...] = field(default=())
     width: int = 0  # source size after EXIF orientation, filled in by the caller
     height: int = 0
     num_bytes: int = 0  # encoded size of the item, filled in by the caller
+
+    @property
+    def expansion_text(self) -> str | None:
+        """The text that replaces the placeholder token's text, or None for an id-level expansion
+        (built on each call: the tokenizer reads `expansion_runs`)."""
+        return None if self.expansion_runs is None else self.expansion_runs.text
 
 
 class MediaCounter(Protocol):

@@ -7,8 +7,8 @@ checkpoint's square size and becomes ``image_seq_length`` (256) ``<image_soft_to
 ``Gemma3Processor.replace_image_token`` puts it where the chat template wrote
 ``<start_of_image>`` (``ProcessorMixin.get_text_with_replacements``: each occurrence in order,
 as text). The ``"\\n\\n"`` pieces merge with the text around them in BPE (``"Look:\\n\\n"`` is
-one Gemma token), so the expansion is spliced as *text* (``MediaCount.expansion_text``) and
-the conversation tokenized once.
+one Gemma token), so the expansion is spliced as *text* (``MediaCount.expansion_runs``, the
+soft-token run declared) and the conversation tokenized once.
 
 Pan-and-scan (``do_pan_and_scan``; off unless the processor's ``images_kwargs`` turn it on:
 ``Gemma3Processor.images_kwargs`` sets False, 256, 4, 1.2 and ``ProcessorMixin._merge_kwargs``
@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 from families.counter import NO_VIDEO_TOKEN, MediaCount
 from families.gemma3.settings import Gemma3Settings, tokenizer_token
 from families.processor import ProcessorBundle
+from families.run_text import Piece, RunText
 from packvlm.sample_error import SampleError
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
@@ -48,6 +49,7 @@ class Gemma3Counter:
     settings: Gemma3Settings  # shared with the layout
     image_token_id: int  # <start_of_image>: the template's per-image placeholder
     full_image_sequence: str  # "\n\n<start_of_image>" + soft tokens + "<end_of_image>\n\n"
+    full_image_runs: RunText  # the same, its soft-token run declared
     processor_class: str
     video_token_id: int = NO_VIDEO_TOKEN
 
@@ -61,6 +63,7 @@ class Gemma3Counter:
             settings=settings,
             image_token_id=bundle.token_id(boi, "boi_token"),
             full_image_sequence=f"\n\n{boi}{soft * settings.image_seq_length}{eoi}\n\n",
+            full_image_runs=RunText.of([f"\n\n{boi}", (soft, settings.image_seq_length), f"{eoi}\n\n"]),
             processor_class=bundle.processor_class,
         )
 
@@ -72,11 +75,14 @@ class Gemma3Counter:
     def count_image(self, width: int, height: int) -> MediaCount:
         rows, cols = self.crop_grid(width, height)
         num_crops = rows * cols
-        text = self.full_image_sequence
+        full = self.full_image_runs
+        text = full
         if num_crops:  # Gemma3Processor.replace_image_token
-            text = f"Here is the original image {text} and here are some crops to help you see better " + " ".join(
-                [self.full_image_sequence] * num_crops
-            )
+            pieces: list[Piece | RunText] = ["Here is the original image ", full]
+            pieces += [" and here are some crops to help you see better ", full]
+            for _ in range(num_crops - 1):
+                pieces += [" ", full]  # " ".join of the crops
+            text = RunText.of(pieces)
         return MediaCount(
             kind="image",
             grid_t=1,
@@ -84,7 +90,7 @@ class Gemma3Counter:
             grid_w=max(cols, 1),
             num_tokens=self.settings.image_seq_length * (1 + num_crops),
             expansion=(),
-            expansion_text=text,
+            expansion_runs=text,
             num_tiles=1 + num_crops,
         )
 

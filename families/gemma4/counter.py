@@ -18,10 +18,10 @@ every frame by the image rule at the video budget (70 soft tokens in the checkpo
 replaces ``<|video|>`` with, per frame, its timestamp ``mm:ss`` (frame index / source fps), a
 space, ``<|image>`` + n x ``<|video|>`` + ``<image|>``, the frames joined by spaces. The first
 timestamp merges with the template's ``"\\n\\n"`` in BPE, so the expansion is spliced as text
-(``expansion_text``) and the conversation tokenized whole. Example (checkpoint settings, 32
-frames): a 10 s 320 x 240 clip at 25 fps -> frames 0, 7, 15, ... 242 -> ``"00:00 <|image>`` +
-63 x ``<|video|>`` + ``<image|> 00:00 <|image>...<image|> 00:09 ...``: 32 x 63 soft tokens,
-grid (32, 7, 9).
+(``expansion_runs``, its soft-token runs declared) and the conversation tokenized whole.
+Example (checkpoint settings, 32 frames): a 10 s 320 x 240 clip at 25 fps -> frames 0, 7, 15,
+... 242 -> ``"00:00 <|image>`` + 63 x ``<|video|>`` + ``<image|> 00:00 <|image>...<image|> 00:09
+...``: 32 x 63 soft tokens, grid (32, 7, 9).
 
 The dataset's sampling (``VideoSampling``) in the processor's own terms
 (`processor_video_kwargs`): ``fps: null`` keeps every frame (``do_sample_frames=False``);
@@ -50,6 +50,7 @@ import numpy as np
 from families.counter import MediaCount, MediaRejected
 from families.gemma4.settings import Gemma4Settings, Gemma4VideoSettings
 from families.processor import ProcessorBundle, ProcessorLoadError
+from families.run_text import RunText
 from packvlm.sample_error import SampleError
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
@@ -132,11 +133,14 @@ class Gemma4Counter:
             )
         return (np.arange(count, dtype=int) * total // count).tolist()
 
-    def expansion_text(self, timestamps: list[float], per_frame: int) -> str:
-        """``Gemma4Processor.replace_video_token``: per frame ``"mm:ss <|image>"`` + soft tokens + ``"<image|>"``."""
-        frame = f"{self.boi_token}{VIDEO_TOKEN * per_frame}{self.eoi_token}"
-        stamps = [f"{int(seconds // 60):02d}:{int(seconds % 60):02d}" for seconds in timestamps]
-        return " ".join(f"{stamp} {frame}" for stamp in stamps)
+    def expansion_runs(self, timestamps: list[float], per_frame: int) -> RunText:
+        """``Gemma4Processor.replace_video_token``: per frame ``"mm:ss <|image>"`` + soft tokens + ``"<image|>"``,
+        the frames joined by spaces."""
+        if not timestamps:
+            return RunText(("",), ())
+        stamps = [f"{int(seconds // 60):02d}:{int(seconds % 60):02d} {self.boi_token}" for seconds in timestamps]
+        between = [f"{self.eoi_token} {stamp}" for stamp in stamps[1:]]
+        return RunText((stamps[0], *between, self.eoi_token), ((VIDEO_TOKEN, per_frame),) * len(stamps))
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:
         if not self.video.do_resize:
@@ -156,7 +160,7 @@ class Gemma4Counter:
             grid_w=cols,
             num_tokens=len(indices) * per_frame,
             expansion=(),
-            expansion_text=self.expansion_text(timestamps, per_frame),
+            expansion_runs=self.expansion_runs(timestamps, per_frame),
             frame_indices=tuple(indices),
             timestamps=tuple(timestamps),
         )

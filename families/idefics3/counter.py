@@ -30,7 +30,7 @@ Ids, not text: the expansion opens and closes with ``<fake_token_around_image>``
 ``<image>``, both added tokens (matched before BPE, no lstrip/rstrip, checked when the counter
 is built), so the text on either side and the ``"\\n"`` / ``"\\n\\n"`` pieces inside are
 tokenized as separate segments: ``tokenizer(expansion)`` spliced at the placeholder equals
-tokenizing the replaced text. Otherwise the counter falls back to ``expansion_text``.
+tokenizing the replaced text. Otherwise the counter falls back to text (``expansion_runs``).
 
 Example (SmolVLM-256M: longest edge 2048, tile 512, 64 per tile): 1000x600 -> 2048x1228 ->
 2048x1536 -> rows 3 x cols 4 + global = 13 tiles; 13 x 64 = 832 ``<image>`` ids, 862 in all
@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 from families.counter import MediaCount, MediaRejected
 from families.idefics3.settings import Idefics3Settings
 from families.processor import ProcessorBundle, ProcessorLoadError
+from families.run_text import Piece, RunText
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 
@@ -154,19 +155,23 @@ class Idefics3Counter:
             return (height - tile) // tile + 1, (width - tile) // tile + 1
         return 0, 0
 
-    def expansion_text(self, rows: int, cols: int) -> str:
+    def expansion_runs(self, rows: int, cols: int) -> RunText:
         """``get_image_prompt_string``: the text that replaces one ``<image>`` placeholder."""
         settings = self.settings
-        fake, per_tile = settings.fake_image_token, settings.image_token * settings.image_seq_len
-        single = fake + settings.global_image_token + per_tile + fake
+        fake, per_tile = settings.fake_image_token, (settings.image_token, settings.image_seq_len)
+        single: list[Piece] = [fake + settings.global_image_token, per_tile, fake]
         if rows == 0 and cols == 0:
-            return single
-        text = ""
+            return RunText.of(single)
+        pieces: list[Piece] = []
         for r in range(1, rows + 1):
             for c in range(1, cols + 1):
-                text += f"{fake}<row_{r}_col_{c}>" + per_tile
-            text += "\n"
-        return text + "\n" + single
+                pieces += [f"{fake}<row_{r}_col_{c}>", per_tile]
+            pieces.append("\n")
+        return RunText.of([*pieces, "\n", *single])
+
+    def expansion_text(self, rows: int, cols: int) -> str:
+        """`expansion_runs` written out."""
+        return self.expansion_runs(rows, cols).text
 
     def _expansion_ids(self, rows: int, cols: int) -> tuple[int, ...]:
         ids = self._cache.get((rows, cols))
@@ -189,7 +194,7 @@ class Idefics3Counter:
             num_tiles=tiles,
         )
         if self.text_level:
-            return MediaCount(**common, expansion=(), expansion_text=self.expansion_text(rows, cols))
+            return MediaCount(**common, expansion=(), expansion_runs=self.expansion_runs(rows, cols))
         return MediaCount(**common, expansion=self._expansion_ids(rows, cols))
 
     def count_video(self, meta: VideoMeta, sampling: VideoSampling) -> MediaCount:

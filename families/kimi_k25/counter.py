@@ -48,6 +48,7 @@ from typing import Any, Protocol
 from families.counter import MediaCount, MediaRejected
 from families.kimi_k25.settings import KimiK25Settings
 from families.processor import ProcessorBundle
+from families.run_text import RunText
 from schemas.dataset_config import VideoSampling
 from schemas.media import VideoMeta
 
@@ -136,8 +137,11 @@ class KimiK25Counter:
         per_chunk = grid_h * grid_w // v.merge_size**2
         times = [i / meta.fps for i in indices]
         chunks = range(0, len(indices), v.temporal_patch_size)
-        body = f"<|media_begin|>video<|media_content|>{self.video_token * per_chunk}<|media_end|>"
-        text = "".join(timestamp_text(times[start]) + body for start in chunks)
+        begin, end = "<|media_begin|>video<|media_content|>", "<|media_end|>"
+        stamps = [timestamp_text(times[start]) + begin for start in chunks]
+        between = [end + stamp for stamp in stamps[1:]]
+        literals = (stamps[0], *between, end) if stamps else ("",)
+        text = RunText(literals, ((self.video_token, per_chunk),) * len(stamps))
         return MediaCount(
             kind="video",
             grid_t=len(chunks),
@@ -145,7 +149,7 @@ class KimiK25Counter:
             grid_w=grid_w,
             num_tokens=len(chunks) * per_chunk,
             expansion=(),
-            expansion_text=text,
+            expansion_runs=text,
             num_tiles=len(chunks),
             frame_indices=tuple(indices),
             timestamps=tuple(times),

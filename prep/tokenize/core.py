@@ -38,11 +38,11 @@ from prep.sources.media import (
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
 from prep.tokenize.count_memo import CountMemo, with_num_bytes
 from prep.tokenize.encode import tokenize_rendered
-from prep.tokenize.expansion import expand_placeholders
+from prep.tokenize.expansion import ExpandedText, expand_placeholders
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
 from prep.tokenize.runs import RunEncoder
 from prep.tokenize.sample import TokenizedSample
-from prep.tokenize.template import ChatRenderer, render_with_spans
+from prep.tokenize.template import ChatRenderer, RenderedText, render_with_spans
 from schemas.dataset_config import VideoSampling
 from schemas.media_ref import MediaRef
 from schemas.reasons import Reason
@@ -90,12 +90,11 @@ class SampleTokenizer:
         return sample
 
     def forget_media(self) -> None:
-        """Drop what this worker remembers per media item (counts, headers, expansion runs), keeping the
-        template's shape cache: benchmarks measure every item as a new file of a new size."""
+        """Drop what this worker remembers per media item (counts, headers), keeping the template's
+        shape cache: benchmarks measure every item as a new file of a new size."""
         if self.memo is not None:
             self.memo.clear()
         self.headers.clear()
-        self.runs.runs.clear()
 
     def check_confined(self, conv: Conversation, dataset_roots: tuple[str, ...] = ()) -> None:
         """Before any media is opened: each item inside --media-root and the dataset's ``media_root``."""
@@ -133,7 +132,7 @@ class SampleTokenizer:
 
     def _tokenize_closed_form(self, memo: CountMemo, conv: Conversation, sampling: VideoSampling) -> TokenizedSample:
         counts = self._counts(memo, conv.media, sampling)
-        rendered = render_with_spans(
+        rendered: RenderedText | ExpandedText = render_with_spans(
             self.bundle.tokenizer, self.bundle.chat_template, conv.messages, conv.tools, renderer=self.renderer
         )
         counter = memo.counter
@@ -141,7 +140,7 @@ class SampleTokenizer:
         text_kinds = _text_level_kinds(counts)
         for kind in text_kinds:
             token = self._token_text(placeholders[kind])
-            expansions = [str(c.expansion_text) for _, c in counts if c.kind == kind]
+            expansions = [c.expansion_runs for _, c in counts if c.kind == kind and c.expansion_runs is not None]
             rendered = expand_placeholders(rendered, token, expansions, kind)
         text = tokenize_rendered(self.bundle.tokenizer, rendered, self.runs)
         id_level = {kind: token for kind, token in placeholders.items() if kind not in text_kinds}
@@ -188,7 +187,7 @@ def _text_level_kinds(counts: list[tuple[str, MediaCount]]) -> tuple[MediaKind, 
     """Kinds whose items expand as text; a counter must not mix text and id expansions in one kind."""
     flags: dict[MediaKind, set[bool]] = {"image": set(), "video": set()}
     for _, c in counts:
-        flags[c.kind].add(c.expansion_text is not None)
+        flags[c.kind].add(c.expansion_runs is not None)
     for kind, found in flags.items():
         if len(found) > 1:
             raise ValueError(f"counter mixes text and id expansions for {kind}s")

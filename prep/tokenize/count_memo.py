@@ -64,16 +64,22 @@ class CountMemo:
         if self.numbered is not None:
             count = self.numbered(count, index)
         count = with_source(count, width=width, height=height, num_bytes=0)
-        size = len(count.expansion) + len(count.expansion_text or "") + 1
+        size = _size(count)
         if size > self.budget:
             return count
         while self._held + size > self.budget:
             oldest = next(iter(self._answers))
             dropped = self._answers.pop(oldest)
-            self._held -= len(dropped.expansion) + len(dropped.expansion_text or "") + 1
+            self._held -= _size(dropped)
         self._answers[key] = count
         self._held += size
         return count
+
+
+def _size(count: MediaCount) -> int:
+    """What the memo counts an answer as: its ids and characters, plus one."""
+    runs = count.expansion_runs
+    return len(count.expansion) + (0 if runs is None else runs.num_chars) + 1
 
 
 def with_source(count: MediaCount, *, width: int, height: int, num_bytes: int) -> MediaCount:
@@ -86,7 +92,7 @@ def with_source(count: MediaCount, *, width: int, height: int, num_bytes: int) -
         grid_w=count.grid_w,
         num_tokens=count.num_tokens,
         expansion=count.expansion,
-        expansion_text=count.expansion_text,
+        expansion_runs=count.expansion_runs,
         num_tiles=count.num_tiles,
         frame_indices=count.frame_indices,
         timestamps=count.timestamps,

@@ -127,6 +127,25 @@ def pairs_mask(
     return np.frombuffer(mask, dtype=np.uint8)
 
 
+def sorted_pairs_mask(
+    starts: list[int], ends: list[int], spans: list[tuple[int, int]], media_spans: list[tuple[int, int]]
+) -> bytearray:
+    """:func:`pairs_mask` of offsets already split into ``starts`` and ``ends``, both known never to
+    decrease (`prep.tokenize.runs` checks that once for its own use), as one byte per token."""
+    mask = bytearray(len(starts))
+    if not spans:
+        return mask
+    for start, end in spans:
+        lo, hi = bisect.bisect_right(ends, start), bisect.bisect_left(starts, end)
+        if hi > lo:
+            mask[lo:hi] = b"\x01" * (hi - lo)
+    for start, end in media_spans:
+        lo, hi = bisect.bisect_right(ends, start), bisect.bisect_left(starts, end)
+        if hi > lo:
+            mask[lo:hi] = bytes(hi - lo)
+    return mask
+
+
 def overlap_mask(
     offsets: npt.NDArray[np.int64], spans: list[tuple[int, int]], media_spans: tuple[tuple[int, int], ...]
 ) -> npt.NDArray[np.uint8]:
