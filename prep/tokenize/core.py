@@ -36,7 +36,7 @@ from prep.sources.media import (
     video_header,
 )
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
-from prep.tokenize.count_memo import CountMemo, with_num_bytes
+from prep.tokenize.count_memo import CountMemo
 from prep.tokenize.encode import tokenize_rendered
 from prep.tokenize.expansion import expand_placeholders
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
@@ -175,9 +175,9 @@ class SampleTokenizer:
         try:
             if kind == "image":
                 image = self.headers.image_header(ref, self.lmdb, self.max_image_pixels)
-                return with_num_bytes(memo.image(image.width, image.height, index), image.num_bytes)
+                return memo.image(image.width, image.height, index, image.num_bytes)
             video = video_header(ref)
-            return with_num_bytes(memo.video(video.meta, sampling, index), video.num_bytes)
+            return memo.video(video.meta, sampling, index, video.num_bytes)
         except MediaError as exc:
             raise SampleError(exc.reason, str(exc)) from exc
         except MediaRejected as exc:
@@ -185,14 +185,17 @@ class SampleTokenizer:
 
 
 def _text_level_kinds(counts: list[tuple[str, MediaCount]]) -> tuple[MediaKind, ...]:
-    """Kinds whose items expand as text; a counter must not mix text and id expansions in one kind."""
-    flags: dict[MediaKind, set[bool]] = {"image": set(), "video": set()}
-    for _, c in counts:
-        flags[c.kind].add(c.expansion_text is not None)
-    for kind, found in flags.items():
-        if len(found) > 1:
+    """Kinds whose items expand as text; a counter must not mix text and id expansions in one kind.
+
+    One set of (kind, as text) pairs rather than a set per kind: it runs for every sample."""
+    found = {(c.kind, c.expansion_text is not None) for _, c in counts}
+    for kind in _KINDS:
+        if (kind, True) in found and (kind, False) in found:
             raise ValueError(f"counter mixes text and id expansions for {kind}s")
-    return tuple(kind for kind, found in flags.items() if found == {True})
+    return tuple(kind for kind in _KINDS if (kind, True) in found)
+
+
+_KINDS: tuple[MediaKind, ...] = ("image", "video")
 
 
 def splice_media(
