@@ -208,11 +208,14 @@ def splice_media(
 
     The placeholder count must match the media count exactly (user text that spells a
     placeholder token would otherwise shift every item, as it breaks the real processor).
-    Kinds absent from ``placeholders`` were expanded as text before tokenizing.
+    Kinds absent from ``placeholders`` were expanded as text before tokenizing; a negative token
+    (a family without that kind's token) is never searched for: no id is negative.
+    The mask is built as bytes, each piece a slice of the text's mask or zeros, joined once: numpy
+    slice assignments cost more per item than the bytes they copy.
     """
     found: list[tuple[int, tuple[int, ...]]] = []  # (placeholder position, the item's ids)
     for kind, token in placeholders.items():
-        where = _indices(ids, token)
+        where = _indices(ids, token) if token >= 0 else []
         items = [c.expansion for _, c in counts if c.kind == kind]
         if len(where) != len(items):
             raise SampleError(
@@ -224,19 +227,18 @@ def splice_media(
     if not found:
         return ids, mask
     found.sort(key=lambda hit: hit[0])
-    # one output array, each text piece copied in once: no per-item zeros and concatenate
-    out_mask = np.zeros(len(ids) - len(found) + sum(len(e) for _, e in found), dtype=np.uint8)
+    bits = mask.tobytes()
     out_ids: list[int] = []
-    prev = at = 0
+    out_bits: list[bytes] = []
+    prev = 0
     for pos, expansion in found:
         out_ids += ids[prev:pos]
         out_ids += expansion
-        out_mask[at : at + pos - prev] = mask[prev:pos]
-        at += pos - prev + len(expansion)
+        out_bits += (bits[prev:pos], bytes(len(expansion)))
         prev = pos + 1
     out_ids += ids[prev:]
-    out_mask[at:] = mask[prev:]
-    return out_ids, out_mask
+    out_bits.append(bits[prev:])
+    return out_ids, np.frombuffer(bytearray().join(out_bits), dtype=np.uint8)
 
 
 def _indices(ids: list[int], token: int) -> list[int]:

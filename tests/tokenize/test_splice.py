@@ -71,3 +71,19 @@ def test_placeholder_count_mismatch_is_an_error_row(ids, kinds, message):
     with pytest.raises(SampleError) as err:
         splice_media(ids, np.zeros(len(ids), dtype=np.uint8), counts, {"image": IMAGE, "video": VIDEO})
     assert err.value.reason == Reason.MEDIA_TAG_MISMATCH and message in str(err.value)
+
+
+def test_videos_for_a_family_without_a_video_token_are_an_error_row():
+    """-1 (no such token) is never searched for; its items still need placeholders, of which there are none."""
+    counts = [_item("image", [100]), _item("video", [101])]
+    with pytest.raises(SampleError) as err:
+        splice_media([1, IMAGE, 2], np.zeros(3, dtype=np.uint8), counts, {"image": IMAGE, "video": -1})
+    assert err.value.reason == Reason.MEDIA_TAG_MISMATCH
+    assert "0 video placeholder tokens for 1 videos" in str(err.value)
+
+
+def test_the_spliced_mask_is_a_writable_uint8_array():
+    mask = np.array([1, 0, 1], dtype=np.uint8)
+    ids, got = splice_media([5, IMAGE, 6], mask, [_item("image", [100, 101])], {"image": IMAGE, "video": VIDEO})
+    assert ids == [5, 100, 101, 6] and got.tolist() == [1, 0, 0, 1]
+    assert got.dtype == np.uint8 and got.flags.writeable
