@@ -226,16 +226,18 @@ def _key(key: Any) -> Hashable:
 
 
 def _frozen(value: Any) -> Hashable:
-    """Hashable, equal only for values every template renders alike (types kept, floats by repr)."""
+    """Hashable, equal only for values every template renders alike (types kept, floats by repr).
+
+    (Tuples of lists, not of generators: this runs for every content item of every sample.)"""
     kind = type(value)
     if value is None or kind in (str, int, bool):
         return (kind.__name__, value)
     if kind is float:
         return ("float", repr(value))
     if kind is dict:
-        return ("dict", tuple((_frozen(k), _frozen(v)) for k, v in value.items()))
+        return ("dict", tuple([(_frozen(k), _frozen(v)) for k, v in value.items()]))
     if kind in (list, tuple):
-        return (kind.__name__, tuple(_frozen(v) for v in value))
+        return (kind.__name__, tuple([_frozen(v) for v in value]))
     raise Unshaped(kind.__name__)
 
 
