@@ -36,7 +36,7 @@ from prep.sources.media import (
     video_header,
 )
 from prep.tokenize.content_style import as_content_lists, needs_content_lists
-from prep.tokenize.count_memo import CountMemo, with_num_bytes
+from prep.tokenize.count_memo import CountMemo
 from prep.tokenize.encode import tokenize_rendered
 from prep.tokenize.expansion import ExpandedText, expand_placeholders
 from prep.tokenize.processor_path import ReferenceUnavailable, tokenize_with_processor
@@ -174,9 +174,9 @@ class SampleTokenizer:
         try:
             if kind == "image":
                 image = self.headers.image_header(ref, self.lmdb, self.max_image_pixels)
-                return with_num_bytes(memo.image(image.width, image.height, index), image.num_bytes)
+                return memo.image(image.width, image.height, index, image.num_bytes)
             video = video_header(ref)
-            return with_num_bytes(memo.video(video.meta, sampling, index), video.num_bytes)
+            return memo.video(video.meta, sampling, index, video.num_bytes)
         except MediaError as exc:
             raise SampleError(exc.reason, str(exc)) from exc
         except MediaRejected as exc:
@@ -184,14 +184,17 @@ class SampleTokenizer:
 
 
 def _text_level_kinds(counts: list[tuple[str, MediaCount]]) -> tuple[MediaKind, ...]:
-    """Kinds whose items expand as text; a counter must not mix text and id expansions in one kind."""
-    flags: dict[MediaKind, set[bool]] = {"image": set(), "video": set()}
-    for _, c in counts:
-        flags[c.kind].add(c.expansion_runs is not None)
-    for kind, found in flags.items():
-        if len(found) > 1:
+    """Kinds whose items expand as text; a counter must not mix text and id expansions in one kind.
+
+    One set of (kind, as text) pairs rather than a set per kind: it runs for every sample."""
+    found = {(c.kind, c.expansion_runs is not None) for _, c in counts}  # expansion_text would build the text
+    for kind in _KINDS:
+        if (kind, True) in found and (kind, False) in found:
             raise ValueError(f"counter mixes text and id expansions for {kind}s")
-    return tuple(kind for kind, found in flags.items() if found == {True})
+    return tuple(kind for kind in _KINDS if (kind, True) in found)
+
+
+_KINDS: tuple[MediaKind, ...] = ("image", "video")
 
 
 def splice_media(
@@ -204,11 +207,14 @@ def splice_media(
 
     The placeholder count must match the media count exactly (user text that spells a
     placeholder token would otherwise shift every item, as it breaks the real processor).
-    Kinds absent from ``placeholders`` were expanded as text before tokenizing.
+    Kinds absent from ``placeholders`` were expanded as text before tokenizing; a negative token
+    (a family without that kind's token) is never searched for: no id is negative.
+    The mask is built as bytes, each piece a slice of the text's mask or zeros, joined once: numpy
+    slice assignments cost more per item than the bytes they copy.
     """
     found: list[tuple[int, tuple[int, ...]]] = []  # (placeholder position, the item's ids)
     for kind, token in placeholders.items():
-        where = _indices(ids, token)
+        where = _indices(ids, token) if token >= 0 else []
         items = [c.expansion for _, c in counts if c.kind == kind]
         if len(where) != len(items):
             raise SampleError(
@@ -220,19 +226,18 @@ def splice_media(
     if not found:
         return ids, mask
     found.sort(key=lambda hit: hit[0])
-    # one output array, each text piece copied in once: no per-item zeros and concatenate
-    out_mask = np.zeros(len(ids) - len(found) + sum(len(e) for _, e in found), dtype=np.uint8)
+    bits = mask.tobytes()
     out_ids: list[int] = []
-    prev = at = 0
+    out_bits: list[bytes] = []
+    prev = 0
     for pos, expansion in found:
         out_ids += ids[prev:pos]
         out_ids += expansion
-        out_mask[at : at + pos - prev] = mask[prev:pos]
-        at += pos - prev + len(expansion)
+        out_bits += (bits[prev:pos], bytes(len(expansion)))
         prev = pos + 1
     out_ids += ids[prev:]
-    out_mask[at:] = mask[prev:]
-    return out_ids, out_mask
+    out_bits.append(bits[prev:])
+    return out_ids, np.frombuffer(bytearray().join(out_bits), dtype=np.uint8)
 
 
 def _indices(ids: list[int], token: int) -> list[int]:

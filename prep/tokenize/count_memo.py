@@ -7,8 +7,10 @@ sizes (a camera's 4032x3024, COCO's 640x480, every page of a scan; several quest
 image), and building an expansion of hundreds to thousands of ids (MiniCPM-V tokenizes the digits
 of k per item) costs more than the rest of the item. So `CountMemo` keeps the numbered answer per
 key, the item's source size filled in, within a budget of ids and characters (oldest first out);
-only ``num_bytes`` is set per item (`with_num_bytes`). A refusal (`MediaRejected`, `SampleError`)
-is never kept: the counter raises it again the next time, with the same message.
+only ``num_bytes`` is set per item, where it differs from the kept answer's (a miss builds the answer
+once, with the asking item's ``num_bytes``: a `MediaCount` costs microseconds to build). A refusal
+(`MediaRejected`, `SampleError`) is never kept: the counter raises it again the next time, with the
+same message.
 
 Example (MiniCPM-V 4.6): a sample's second 1000x300 image -> key ("image", 1000, 300, 1) -> the
 count of ``<image_id>1</image_id><image>`` + 60 pads + ``</image>`` + 3 slices, width 1000,
@@ -37,33 +39,34 @@ class CountMemo:
         self._answers: dict[Hashable, MediaCount] = {}
         self._held = 0  # ids and characters in _answers
 
-    def image(self, width: int, height: int, index: int) -> MediaCount:
-        """``count_image`` of a ``width`` x ``height`` image, the ``index``-th image of its sample."""
+    def image(self, width: int, height: int, index: int, num_bytes: int = 0) -> MediaCount:
+        """``count_image`` of a ``width`` x ``height`` image of ``num_bytes``, the ``index``-th image of its sample."""
         key = ("image", width, height, index if self.numbered else 0)
         found = self._answers.get(key)
         if found is None:
-            count = self.counter.count_image(width, height)
-            found = self._keep(key, count, index, width, height)
-        return found
+            return self._keep(key, self.counter.count_image(width, height), index, width, height, num_bytes)
+        return found if found.num_bytes == num_bytes else with_num_bytes(found, num_bytes)
 
     def clear(self) -> None:
         """Forget every answer."""
         self._answers.clear()
         self._held = 0
 
-    def video(self, meta: VideoMeta, sampling: VideoSampling, index: int) -> MediaCount:
-        """``count_video`` of a video, the ``index``-th video of its sample."""
+    def video(self, meta: VideoMeta, sampling: VideoSampling, index: int, num_bytes: int = 0) -> MediaCount:
+        """``count_video`` of a video of ``num_bytes``, the ``index``-th video of its sample."""
         key = ("video", meta, sampling, index if self.numbered else 0)
         found = self._answers.get(key)
         if found is None:
             count = self.counter.count_video(meta, sampling)
-            found = self._keep(key, count, index, meta.width, meta.height)
-        return found
+            return self._keep(key, count, index, meta.width, meta.height, num_bytes)
+        return found if found.num_bytes == num_bytes else with_num_bytes(found, num_bytes)
 
-    def _keep(self, key: Hashable, count: MediaCount, index: int, width: int, height: int) -> MediaCount:
+    def _keep(
+        self, key: Hashable, count: MediaCount, index: int, width: int, height: int, num_bytes: int
+    ) -> MediaCount:
         if self.numbered is not None:
             count = self.numbered(count, index)
-        count = with_source(count, width=width, height=height, num_bytes=0)
+        count = with_source(count, width=width, height=height, num_bytes=num_bytes)
         size = _size(count)
         if size > self.budget:
             return count

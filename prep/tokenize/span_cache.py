@@ -37,6 +37,7 @@ from prep.tokenize.symbolic import Abort, Check, Pieces, Sym, SymbolicTemplate, 
 RenderKey = tuple[int, bool, int | None]  # (messages rendered, generation prompt, sentinel message)
 TEXT_KEYS = ("content", "reasoning_content", "reasoning", "thinking")  # free text of a message
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")  # transformers' _REASONING_FIELDS, in its order
+_REASONING = frozenset(REASONING_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +168,10 @@ def plain_text_slots(messages: Any, tools: Any) -> tuple[Hashable, list[str]] | 
                 message = {key: value for key, value in message.items() if value is not None}
             else:
                 layout.append(None)
-            reasoning = next((message[key] for key in REASONING_KEYS if message.get(key) is not None), None)
-            if reasoning is not None:
-                message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+            if not _REASONING.isdisjoint(message):  # one C call where no message reasons (the usual one)
+                reasoning = next((message[key] for key in REASONING_KEYS if message.get(key) is not None), None)
+                if reasoning is not None:
+                    message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
             shapes.append(_message_shape(message, texts))
         return (tuple(shapes), _frozen(tools), tuple(layout)), texts
     except Unshaped:
@@ -185,14 +187,20 @@ def _none_layout(messages: list[Any]) -> Hashable:
 
 
 def _message_shape(message: dict[str, Any], texts: list[str]) -> Hashable:
+    """Per key: its text's emptiness (the text to ``texts``), its items' shapes, or its frozen value;
+    a string value's ``_frozen`` written out (most values are strings: roles, texts; it runs per message)."""
     out: list[tuple[Hashable, Hashable]] = []
     for key, value in message.items():
         name = key if type(key) is str else _frozen(key)
-        if name in TEXT_KEYS and type(value) is str:
-            texts.append(value)
-            out.append((name, ("text", bool(value))))
-        elif name == "content" and type(value) is list:
-            out.append((name, ("items", tuple(_item_shape(item, texts) for item in value))))
+        kind = type(value)
+        if kind is str:
+            if name in TEXT_KEYS:
+                texts.append(value)
+                out.append((name, ("text", bool(value))))
+            else:
+                out.append((name, ("str", value)))
+        elif name == "content" and kind is list:
+            out.append((name, ("items", tuple([_item_shape(item, texts) for item in value]))))
         else:
             out.append((name, _frozen(value)))
     return tuple(out)
@@ -218,16 +226,18 @@ def _key(key: Any) -> Hashable:
 
 
 def _frozen(value: Any) -> Hashable:
-    """Hashable, equal only for values every template renders alike (types kept, floats by repr)."""
+    """Hashable, equal only for values every template renders alike (types kept, floats by repr).
+
+    (Tuples of lists, not of generators: this runs for every content item of every sample.)"""
     kind = type(value)
     if value is None or kind in (str, int, bool):
         return (kind.__name__, value)
     if kind is float:
         return ("float", repr(value))
     if kind is dict:
-        return ("dict", tuple((_frozen(k), _frozen(v)) for k, v in value.items()))
+        return ("dict", tuple([(_frozen(k), _frozen(v)) for k, v in value.items()]))
     if kind in (list, tuple):
-        return (kind.__name__, tuple(_frozen(v) for v in value))
+        return (kind.__name__, tuple([_frozen(v) for v in value]))
     raise Unshaped(kind.__name__)
 
 

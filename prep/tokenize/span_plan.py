@@ -58,7 +58,7 @@ class SpanPlan:
     def spans(self, texts: list[str]) -> dict[int, tuple[int, int]]:
         """The planned turns' spans (where the texts pass :meth:`holds`); a turn whose prefix render is
         longer than the turn's render is left to the renders, as ``_turn_span`` looks further there."""
-        lengths = [len(text) for text in texts]
+        lengths = list(map(len, texts))
         found = {}
         for turn in self.turns:
             start, end = length(turn.head, lengths), length(turn.turn, lengths)
@@ -120,7 +120,7 @@ def length_form(pieces: Pieces) -> LengthForm:
 def length(form: LengthForm, lengths: list[int]) -> int:
     """The length of a render of ``form`` whose slots hold texts of ``lengths``."""
     constant, slots = form
-    return constant + sum(lengths[s] for s in slots)
+    return constant + sum(map(lengths.__getitem__, slots))  # map, not a generator: it runs per turn per sample
 
 
 def unique_checks(groups: list[tuple[Check, ...]]) -> tuple[Check, ...]:

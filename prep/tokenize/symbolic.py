@@ -49,8 +49,8 @@ class Abort(Exception):  # noqa: N818 (not an error: the render is just not cach
 
 
 def materialize(pieces: Pieces, texts: list[str]) -> str:
-    """The render with ``texts`` in the slots."""
-    return "".join(p if isinstance(p, str) else texts[p] for p in pieces)
+    """The render with ``texts`` in the slots (a list, not a generator, for ``join``: it runs per served render)."""
+    return "".join([p if isinstance(p, str) else texts[p] for p in pieces])
 
 
 @dataclass(frozen=True, slots=True)

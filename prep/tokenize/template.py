@@ -115,6 +115,21 @@ def _spans(conv: ConversationRenders, planned: dict[int, Span]) -> list[Span]:
     return spans
 
 
+def _planned_spans(roles: list[Any], planned: dict[int, Span]) -> list[Span] | None:
+    """:func:`_spans` where ``planned`` holds every assistant turn (no render needed: no
+    :class:`ConversationRenders` built, the usual cached sample); None where one is missing."""
+    spans = []
+    for i, role in enumerate(roles):
+        if role != "assistant":
+            continue
+        span = planned.get(i)
+        if span is None:
+            return None
+        if span[1] > span[0]:
+            spans.append(span)
+    return spans
+
+
 def _roles(messages: Any) -> list[Any] | None:
     """Each message's role; None where one has none (the uncached path raises what it raised before)."""
     try:
@@ -213,7 +228,10 @@ class ChatRenderer:
         found: dict[int, Span] = {}
         if covered and plan is not None:
             found = plan.spans(texts)
-            spans.stats.served += sum(2 if i + 1 < len(messages) else 1 for i in found)
+            spans.stats.served += 2 * len(found) - (len(messages) - 1 in found)
+            every = _planned_spans(roles, found)
+            if every is not None:
+                return RenderedText(text=full, assistant_spans=every)
         view = ShapeView(shape, texts, sentinel_copy, plan.covered if covered and plan is not None else frozenset())
         conv = ConversationRenders(self, messages, tools, full=full, walked=walked, shape=view)
         return RenderedText(text=full, assistant_spans=_spans(conv, found))
@@ -385,6 +403,8 @@ def check_tool_support(template: str, messages: list[dict[str, Any]], tools: lis
         "tool_calls": any(m.get("tool_calls") for m in messages),
         "tool": any(m["role"] == "tool" for m in messages),
     }
+    if not (needed["tools"] or needed["tool_calls"] or needed["tool"]):  # the usual sample: nothing to look up
+        return
     missing = sorted(k for k, used in needed.items() if used and k not in template_tool_support(template))
     if missing:
         what = {"tools": "the tools list", "tool_calls": "assistant tool calls", "tool": "tool results (role 'tool')"}

@@ -81,3 +81,19 @@ def test_remembered_video_equals_the_counter(bundle):
             )
             assert memo.video(meta, sampling, index) == fresh
     assert len(memo._answers) == 4
+
+
+def test_each_item_gets_its_own_num_bytes(bundle):
+    """A miss builds the answer with the asking item's size; a hit with another size copies it, one with the
+    kept size hands the kept answer; every other field stays the counter's."""
+    counter = MiniCPMV4_6Counter.from_processor(bundle)
+    memo = CountMemo(counter)
+    for num_bytes in (500, 500, 7, 0, 500):
+        for index in (0, 1):
+            got = memo.image(1000, 300, index, num_bytes)
+            assert got == replace(_fresh(counter, 1000, 300, index), num_bytes=num_bytes)
+    meta = VideoMeta(num_frames=46, fps=30000 / 1001, width=200, height=120)
+    for num_bytes in (9000, 12, 9000):
+        fresh = replace(counter.numbered(counter.count_video(meta, VideoSampling()), 0), width=200, height=120)
+        assert memo.video(meta, VideoSampling(), 0, num_bytes) == replace(fresh, num_bytes=num_bytes)
+    assert len(memo._answers) == 3
