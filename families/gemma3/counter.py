@@ -48,8 +48,7 @@ class Gemma3Counter:
 
     settings: Gemma3Settings  # shared with the layout
     image_token_id: int  # <start_of_image>: the template's per-image placeholder
-    full_image_sequence: str  # "\n\n<start_of_image>" + soft tokens + "<end_of_image>\n\n"
-    full_image_runs: RunText  # the same, its soft-token run declared
+    full_image_runs: RunText  # "\n\n<start_of_image>" + soft tokens + "<end_of_image>\n\n", the soft-token run declared
     processor_class: str
     video_token_id: int = NO_VIDEO_TOKEN
 
@@ -62,10 +61,14 @@ class Gemma3Counter:
         return cls(
             settings=settings,
             image_token_id=bundle.token_id(boi, "boi_token"),
-            full_image_sequence=f"\n\n{boi}{soft * settings.image_seq_length}{eoi}\n\n",
             full_image_runs=RunText.of([f"\n\n{boi}", (soft, settings.image_seq_length), f"{eoi}\n\n"]),
             processor_class=bundle.processor_class,
         )
+
+    @property
+    def full_image_sequence(self) -> str:
+        """``Gemma3Processor.full_image_sequence``: one image's expansion written out."""
+        return self.full_image_runs.text
 
     def crop_grid(self, width: int, height: int) -> tuple[int, int]:
         """(rows, cols) of pan-and-scan crops; (0, 0) when off or not triggered."""

@@ -256,7 +256,7 @@ def video_header(ref: MediaRef) -> VideoHeader:
     """Container metadata and file size of a video, without decoding frames."""
     meta, num_bytes = _video(ref)  # raises MediaError unless ref is a readable video file or table cell
     if num_bytes is None:
-        num_bytes = len(_cell(ref)) if ref.is_table_cell else os.stat(ref.path).st_size
+        num_bytes = os.stat(ref.path).st_size
     return VideoHeader(meta=meta, num_bytes=num_bytes)
 
 
@@ -270,13 +270,16 @@ def video_meta(ref: MediaRef) -> VideoMeta:
 
 
 def _video(ref: MediaRef) -> tuple[VideoMeta, int | None]:
-    """`video_meta`'s answer, and the file's size where a regular file was opened (its ``fstat``)."""
+    """`video_meta`'s answer, and the size of what was read: a table cell's bytes, a regular file's
+    ``fstat``; None for anything else (opened as a stream)."""
     if ref.key is not None:
         raise MediaError(Reason.BAD_VIDEO, f"{ref.format()}: videos are read from files, not LMDB")
     source: str | IO[bytes]
     num_bytes = None
     if ref.is_table_cell:
-        source = cell = io.BytesIO(_cell(ref))
+        data = _cell(ref)
+        source = cell = io.BytesIO(data)
+        num_bytes = len(data)
         header = read_mp4_video(cell)
         cell.seek(0)  # PyAV reads a stream from where it stands
     else:

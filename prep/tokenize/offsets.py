@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -115,20 +116,11 @@ def pairs_mask(
     ends = list(map(_SECOND, pairs))
     if starts != sorted(starts) or ends != sorted(ends):
         return overlap_mask(_as_array(pairs), spans, media_spans)
-    mask = bytearray(len(pairs))
-    for start, end in spans:
-        lo, hi = bisect.bisect_right(ends, start), bisect.bisect_left(starts, end)
-        if hi > lo:
-            mask[lo:hi] = b"\x01" * (hi - lo)
-    for start, end in media_spans:
-        lo, hi = bisect.bisect_right(ends, start), bisect.bisect_left(starts, end)
-        if hi > lo:
-            mask[lo:hi] = bytes(hi - lo)
-    return np.frombuffer(mask, dtype=np.uint8)
+    return np.frombuffer(sorted_pairs_mask(starts, ends, spans, media_spans), dtype=np.uint8)
 
 
 def sorted_pairs_mask(
-    starts: list[int], ends: list[int], spans: list[tuple[int, int]], media_spans: list[tuple[int, int]]
+    starts: list[int], ends: list[int], spans: Sequence[tuple[int, int]], media_spans: Sequence[tuple[int, int]]
 ) -> bytearray:
     """:func:`pairs_mask` of offsets already split into ``starts`` and ``ends``, both known never to
     decrease (`prep.tokenize.runs` checks that once for its own use), as one byte per token."""

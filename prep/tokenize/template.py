@@ -35,7 +35,7 @@ is no prefix of it, so the sentinel renders give the span ``Hello.</s>``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,30 +103,17 @@ def render_with_spans(
     return renderer.render_with_spans(messages, tools)
 
 
-def _spans(conv: ConversationRenders, planned: dict[int, Span]) -> list[Span]:
-    """Each assistant turn's span (``planned``: those a :class:`SpanPlan` gave), empty ones left out."""
-    spans = []
-    for i, message in enumerate(conv.messages):
-        if message["role"] != "assistant":
-            continue
-        start, end = planned[i] if i in planned else _turn_span(conv, i)
-        if end > start:
-            spans.append((start, end))
-    return spans
-
-
-def _planned_spans(roles: list[Any], planned: dict[int, Span]) -> list[Span] | None:
-    """:func:`_spans` where ``planned`` holds every assistant turn (no render needed: no
-    :class:`ConversationRenders` built, the usual cached sample); None where one is missing."""
+def _spans(roles: Iterable[Any], planned: dict[int, Span], unplanned: Callable[[int], Span]) -> list[Span]:
+    """Each assistant turn's span, empty ones left out: ``planned`` (those a :class:`SpanPlan` gave),
+    else ``unplanned(i)`` (from the renders, built only when a turn asks: a cached sample whose turns
+    are all planned builds no :class:`ConversationRenders`)."""
     spans = []
     for i, role in enumerate(roles):
         if role != "assistant":
             continue
-        span = planned.get(i)
-        if span is None:
-            return None
-        if span[1] > span[0]:
-            spans.append(span)
+        start, end = planned[i] if i in planned else unplanned(i)
+        if end > start:
+            spans.append((start, end))
     return spans
 
 
@@ -229,12 +216,16 @@ class ChatRenderer:
         if covered and plan is not None:
             found = plan.spans(texts)
             spans.stats.served += 2 * len(found) - (len(messages) - 1 in found)
-            every = _planned_spans(roles, found)
-            if every is not None:
-                return RenderedText(text=full, assistant_spans=every)
-        view = ShapeView(shape, texts, sentinel_copy, plan.covered if covered and plan is not None else frozenset())
-        conv = ConversationRenders(self, messages, tools, full=full, walked=walked, shape=view)
-        return RenderedText(text=full, assistant_spans=_spans(conv, found))
+        covered_turns = plan.covered if covered and plan is not None else frozenset()
+        built: list[ConversationRenders] = []
+
+        def unplanned(i: int) -> Span:
+            if not built:  # the renders, built once and only where a turn is not planned
+                view = ShapeView(shape, texts, sentinel_copy, covered_turns)
+                built.append(ConversationRenders(self, messages, tools, full=full, walked=walked, shape=view))
+            return _turn_span(built[0], i)
+
+        return RenderedText(text=full, assistant_spans=_spans(roles, found, unplanned))
 
     def conversation(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> ConversationRenders:
         """The renders of one conversation without the shape cache, its full text ``apply_chat_template``'s."""
@@ -245,7 +236,10 @@ class ChatRenderer:
     ) -> RenderedText:
         """Spans from renders, none from the shape cache (the renders after ``full`` direct where they can be)."""
         conv = ConversationRenders(self, messages, tools, full=full, walked=walked)
-        return RenderedText(text=full, assistant_spans=_spans(conv, {}))
+        roles = (
+            message["role"] for message in conv.messages
+        )  # read as the loop reaches each: a missing one raises there
+        return RenderedText(text=full, assistant_spans=_spans(roles, {}, functools.partial(_turn_span, conv)))
 
     def _full(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
         return render(self.tokenizer, self.template, messages, generation_prompt=False, tools=tools)
@@ -403,7 +397,7 @@ def check_tool_support(template: str, messages: list[dict[str, Any]], tools: lis
         "tool_calls": any(m.get("tool_calls") for m in messages),
         "tool": any(m["role"] == "tool" for m in messages),
     }
-    if not (needed["tools"] or needed["tool_calls"] or needed["tool"]):  # the usual sample: nothing to look up
+    if not any(needed.values()):  # the usual sample: nothing to look up
         return
     missing = sorted(k for k, used in needed.items() if used and k not in template_tool_support(template))
     if missing:

@@ -177,3 +177,24 @@ def test_files_that_cannot_be_opened_say_why_as_before(tmp_path: Path) -> None:
             with pytest.raises(MediaError) as err:
                 read(ref)
             assert (err.value.reason, str(err.value)) == ("missing_media", message.format(str(path)))
+
+
+def test_a_clip_in_a_table_cell_is_read_once_and_sized_by_its_bytes(tmp_path, monkeypatch):
+    """A video embedded in a Parquet cell: the file's metadata, the cell's byte count, one cell read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from prep.sources import media
+
+    clip = tmp_path / "clip.mp4"
+    write_video(clip, 30, 15.0, 64, 48, seed=0)
+    data = clip.read_bytes()
+    pq.write_table(pa.table({"video": pa.array([data], type=pa.binary())}), tmp_path / "t.parquet")
+    ref = MediaRef.table_cell(str(tmp_path / "t.parquet"), 0, ("video",), "clip.mp4")
+    reads = []
+    real_cell = media._cell
+    monkeypatch.setattr(media, "_cell", lambda r: reads.append(r) or real_cell(r))
+    got = video_header(ref)
+    assert len(reads) == 1  # the size is the bytes read for the header, not a second read of the cell
+    assert got.num_bytes == len(data) == os.stat(clip).st_size
+    assert got.meta == video_header(MediaRef(path=str(clip))).meta
